@@ -651,6 +651,35 @@ class Timeouts(SlotctlTest):
         self.assertLess(time.monotonic() - start, 10)
 
 
+class ExitStatusToBroker(SlotctlTest):
+    """What slotctl run tells the broker when it releases (SPEC §3.6): a death by signal N as 128+N, and
+    nothing for a command that slotctl itself stopped (--timeout)."""
+    config = CONFIG + """
+[pool flaky]
+members = r1
+quarantine-exit-codes = 139 3
+
+[lane flaky]
+pools = flaky
+policy = wait
+"""
+
+    def quarantined(self):
+        [pool] = [p for p in self.broker.status()["pools"] if p["name"] == "flaky"]
+        return {q["member"]: q.get("exitStatus") for q in pool.get("quarantined", [])}
+
+    def test_a_signal_death_is_told_as_128_plus_n_and_a_stop_by_slotctl_not_at_all(self):
+        # Stopped by --timeout, the command exits 3 of its own on SIGTERM: 124 for slotctl, nothing for the broker.
+        r = self.run_slotctl("run", "--lane", "flaky", "--timeout", "300ms", "--", "sh", "-c",
+                             'trap "exit 3" TERM; while :; do sleep 0.05; done')
+        self.assertEqual(r.returncode, 124, r.stderr)
+        self.broker.wait_idle()
+        self.assertEqual(self.quarantined(), {})
+        r = self.run_slotctl("run", "--lane", "flaky", "--", "sh", "-c", "kill -SEGV $$")
+        self.assertEqual(r.returncode, 139, r.stderr)
+        self.assertEqual(r.stderr, "")
+        wait_for(lambda: self.quarantined() == {"r1": 139}, 10, "r1 quarantined by 139")
+
 class FencedTest(SlotctlTest):
     """slotctl run asks for fence; brokerd renews only where a lease needs it (shared pools), so these tests
     use brokerd's test hook, which renews every fenced lease every FENCE_MS / 4 with a fence of FENCE_MS."""
