@@ -541,6 +541,9 @@ const char *cli_format_position(char buf[static CLI_POSITION_MAX], const BrokerP
 int cli_request_parse_option(const char *verb, int c, const char *value, CliRequest *r) {
         switch (c) {
         case 'l':
+                /* --lane "$LANE" with $LANE unset, typically: say so, not "invalid request". */
+                if (!*value)
+                        return log_usage(verb, "--lane: empty (an unset variable?)");
                 r->lane = value;
                 return 1;
         case 'n':

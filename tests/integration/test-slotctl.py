@@ -409,6 +409,13 @@ class ExitCodes(SlotctlTest):
             self.assertEqual(r.returncode, 64, f"{args}: {r.stderr}")
             self.assertRegex(r.stderr, r"^slotctl[ :]")
 
+    def test_an_empty_lane_is_named_as_the_error(self):
+        # --lane "$LANE" with $LANE unset, the usual way to get one: the message must point at --lane.
+        for args in (["run", "--lane", "", "--", "true"], ["acquire", "--detach", "--max-hold", "1m", "--lane", ""]):
+            r = self.run_slotctl(*args)
+            self.assertEqual(r.returncode, 64, r.stderr)
+            self.assertIn("--lane: empty", r.stderr)
+
     def test_unknown_lane_and_impossible_request_exit_64(self):
         r = self.run_slotctl("run", "--lane", "nope", "--", "true")
         self.assertEqual(r.returncode, 64)
