@@ -560,6 +560,23 @@ class Signals(SlotctlTest):
         self.assertEqual(holder.wait(10), 0)
         self.assertEqual(p.wait(10), 6)
 
+    def test_sigkill_of_slotctl_while_waiting_withdraws_and_never_runs_the_command(self):
+        # Nothing is left to clean up after: the connection's close withdraws the request, and the held
+        # command dies with slotctl (PR_SET_PDEATHSIG) rather than start later on its own.
+        stop = self.path("stop")
+        holder = self.hold_until(stop)
+        p = self.start_slotctl("run", "--lane", "nightly", "--", "touch", self.path("ran"))
+        wait_for(lambda: len(self.broker.waiters()) == 1, 10, "the waiter to queue")
+        [held] = children(p.pid)
+        p.kill()
+        p.wait()
+        wait_for(lambda: not self.broker.waiters(), 5, "the waiter to be withdrawn")
+        wait_for(lambda: not pid_alive(int(held)), 5, "the held command to die with slotctl")
+        open(stop, "w").close()
+        self.assertEqual(holder.wait(10), 0)
+        self.broker.wait_idle()
+        self.assertFalse(os.path.exists(self.path("ran")))
+
     def test_sigkill_of_slotctl_keeps_the_slot_until_the_command_exits(self):
         stop = self.path("stop")
         p = self.hold_until(stop)
