@@ -1307,7 +1307,8 @@ static const char *unavailable_reason_text(const char *reason) {
                 { "drained", "the pool is drained" },
                 { "removed", "the pool was removed by a reload" },
                 { "reload", "a reload left the pool nothing this request can use (its lane, or the members it asked for, "
-                            "are gone; or its lane's labels= or also= changed)" },
+                            "are gone; its lane's labels= or also= changed; or it asks for more slots than the pool's "
+                            "limit= or its lane's max-in-use= and the other lanes' reserve= now allow)" },
                 { "backend", "the pool's backend cannot be reached" },
                 { "rules", "the pool's rules differ from those its backend enforces" },
                 { "recovery", "the pool's backend is recovering" },

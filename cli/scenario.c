@@ -592,7 +592,7 @@ static bool lane_fits(const BrokerConfig *c, const ScenarioTraffic *t, unsigned 
         for (size_t i = 0; i < l->n_pools; i++) {
                 const PoolConfig *p = conf_find_pool(c, l->pools[i]);
                 if (p)
-                        largest = MAX(largest, pool_capacity(p, l, t));
+                        largest = MAX(largest, MIN(pool_capacity(p, l, t), conf_lane_most(c, l, p->name)));
         }
         *ret_largest = largest;
         return t->slots <= largest;

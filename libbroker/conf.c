@@ -439,6 +439,23 @@ PoolConfig *conf_find_pool(const BrokerConfig *c, const char *name) {
         return NULL;
 }
 
+unsigned conf_lane_most(const BrokerConfig *c, const LaneConfig *l, const char *pool) {
+        const PoolConfig *p = conf_find_pool(c, pool);
+        if (!p || !l)
+                return 0;
+        unsigned most = p->limit;
+        if (l->max_in_use >= 0)
+                most = (unsigned) MIN((int64_t) most, l->max_in_use);
+        /* A health lane is granted quarantined members, which no reserve keeps (pool-local.c, health_fits()). */
+        if (l->health)
+                return most;
+        uint64_t reserved = 0;
+        for (size_t i = 0; i < c->n_lanes; i++)
+                if (c->lanes[i] != l && strv_contains(c->lanes[i]->pools, pool))
+                        reserved += c->lanes[i]->reserve;
+        return reserved < p->limit ? (unsigned) MIN((uint64_t) most, p->limit - reserved) : 0;
+}
+
 LaneConfig *conf_find_lane(const BrokerConfig *c, const char *name) {
         if (!c || !name)
                 return NULL;

@@ -226,6 +226,12 @@ int conf_validate(const BrokerConfig *c, ConfErrors *errors);
 
 PoolConfig *conf_find_pool(const BrokerConfig *c, const char *name);
 LaneConfig *conf_find_lane(const BrokerConfig *c, const char *name);
+/* The most slots lane l can ever hold at once in pool `pool` (routed there by pools=, or taking slots of it with
+ * every grant by also=), by the rules the pool gets: its limit, the lane's max-in-use and, but for a health lane,
+ * the limit less what the other lanes routed there reserve (SPEC §3, lane limits: another lane's request has room
+ * only while the free slots cover those reservations). A request for more can never be granted there, as one for
+ * more than the limit. 0 for a pool that is not there. */
+unsigned conf_lane_most(const BrokerConfig *c, const LaneConfig *l, const char *pool);
 
 /* Prints the effective configuration as INI that conf_set() reads back unchanged. */
 void conf_dump(const BrokerConfig *c, FILE *f);

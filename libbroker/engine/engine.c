@@ -23,8 +23,12 @@ typedef struct EngineLane {
         char **labels;           /* its selector terms (SPEC §3.5), or NULL */
         Pool **pools;
         size_t n_pools;
+        /* The most slots its limits (SPEC §3: the pool's, its max-in-use, what other lanes reserve) ever let it
+         * hold at once in pools[i], also[i]; NULL (a reservation's lane): the pool's limit. */
+        unsigned *most;
         Pool **also;             /* also= (SPEC §3.5): every grant takes also_slots[i] of also[i] too */
         unsigned *also_slots;
+        unsigned *also_most;
         size_t n_also;
 } EngineLane;
 
@@ -1651,6 +1655,18 @@ static EngineLane *lane_find(const Engine *e, const char *name) {
 
 static Pool *pool_by_name(const Engine *e, const char *pool);
 
+/* The most slots lane l can ever hold at once in pool p (conf_lane_most()): the pool's limit for a lane without
+ * limits of its own (a reservation's). UINT_MAX: the lane takes no slots of p (a reload took p away: p refuses). */
+static unsigned engine_lane_most(const EngineLane *l, const Pool *p) {
+        for (size_t i = 0; i < l->n_pools; i++)
+                if (l->pools[i] == p)
+                        return l->most ? l->most[i] : p->limit;
+        for (size_t i = 0; i < l->n_also; i++)
+                if (l->also[i] == p)
+                        return l->also_most[i];
+        return UINT_MAX;
+}
+
 int engine_acquire(Engine *e, const EngineAcquire *a, usec_t now, EngineRequest **ret) {
         assert_return(e, -EINVAL);
         assert_return(a && (a->lane || a->reserve_pool), -EINVAL);
@@ -1733,8 +1749,9 @@ int engine_acquire(Engine *e, const EngineAcquire *a, usec_t now, EngineRequest 
         const Selector sel = { .terms = r->terms, .member = r->member };
         bool selective = !selector_is_empty(&sel);
 
-        /* A request that is bigger than a pool skips it, as does one whose selector the pool's members cannot
-         * satisfy (or a pool that takes no selectors); drained pools are skipped too. */
+        /* A request that is bigger than a pool skips it, as does one that its lane's limits there never admit, or
+         * whose selector the pool's members cannot satisfy (or a pool that takes no selectors); drained pools are
+         * skipped too. */
         Pool *fits = NULL, *back = NULL;
         for (size_t i = 0; i < lane->n_pools; i++) {
                 Pool *p = lane->pools[i];
@@ -1743,7 +1760,7 @@ int engine_acquire(Engine *e, const EngineAcquire *a, usec_t now, EngineRequest 
                         request_free(r);
                         return cap;
                 }
-                if (a->slots > (unsigned) cap)
+                if (a->slots > MIN((unsigned) cap, engine_lane_most(lane, p)))
                         continue;
                 fits = p;
                 if (!p->drained) {
@@ -1758,7 +1775,7 @@ int engine_acquire(Engine *e, const EngineAcquire *a, usec_t now, EngineRequest 
         }
         /* An all-or-nothing lane (SPEC §3.5): each also= pool must be able to give its share at all. */
         for (size_t i = 0; i < lane->n_also; i++)
-                if (lane->also_slots[i] > lane->also[i]->limit) {
+                if (lane->also_slots[i] > MIN(lane->also[i]->limit, lane->also_most[i])) {
                         request_free(r);
                         return -EINVAL;
                 }
@@ -1922,15 +1939,29 @@ static bool request_lane_changed(const EngineRequest *r, const EngineLane *l) {
         return false;
 }
 
+/* Whether a reload left request r more slots to ask of a pool than its lane may ever hold there (a limit shrunk, a
+ * max-in-use lowered, a reserve= of another lane raised: SPEC §3): as one that asks for more arriving now
+ * (engine_acquire()), it can never be granted, and a waiter short of slots would hold back everyone behind it
+ * meanwhile. Only where it waits: a pool it may still move on from answers for itself. */
+static bool request_exceeds_lane(const EngineRequest *r, const EngineLane *l) {
+        for (size_t k = 0; k < r->n_parts; k++)
+                if (r->parts[k].slots > MIN(r->parts[k].pool->limit, engine_lane_most(l, r->parts[k].pool)))
+                        return true;
+        if (r->parts || !r->pool || r->next_route != r->n_route)
+                return false;
+        return r->slots > MIN(r->pool->limit, engine_lane_most(l, r->pool));
+}
+
 /* A lane's labels= and also= are part of each of its requests, taken when it arrives: after a reload that changed
  * them, its requests not yet decided are refused (unavailable, "reload") rather than granted what the lane now
- * excludes, or without the pools (or with the K) it now takes. Requests of removed lanes their pools refuse. */
+ * excludes, or without the pools (or with the K) it now takes; and so are those it left asking for more than its
+ * limits allow (request_exceeds_lane()). Requests of removed lanes their pools refuse. */
 static void refuse_changed_lanes(Engine *e, usec_t now) {
         bool any = false;
         list_foreach_safe(n, &e->requests) {
                 EngineRequest *r = container_of(n, EngineRequest, node);
                 const EngineLane *l = lane_find(e, r->lane);
-                if (!l || !request_lane_changed(r, l) || !request_withdraw(e, r, now))
+                if (!l || !(request_lane_changed(r, l) || request_exceeds_lane(r, l)) || !request_withdraw(e, r, now))
                         continue;
                 refuse_request(e, r, r->pool, REFUSAL_UNAVAILABLE, now, usec_sub_unsigned(now, r->arrival), "reload");
                 any = true;
@@ -2485,8 +2516,10 @@ static EngineLane *engine_lane_free(EngineLane *l) {
         if (!l)
                 return NULL;
         free(l->pools);
+        free(l->most);
         free(l->also);
         free(l->also_slots);
+        free(l->also_most);
         strv_free(l->labels);
         return mfree(l);
 }
@@ -2517,7 +2550,8 @@ static int lanes_build(Engine *e, const BrokerConfig *c, Pool **pools, size_t n_
                 };
                 l->name = engine_intern(e, lc->name);
                 l->pools = calloc(MAX(lc->n_pools, 1u), sizeof(Pool *));
-                if (!l->name || !l->pools)
+                l->most = calloc(MAX(lc->n_pools, 1u), sizeof(unsigned));
+                if (!l->name || !l->pools || !l->most)
                         goto oom;
                 if (lc->labels && !(l->labels = strv_copy(lc->labels)))
                         goto oom;
@@ -2527,6 +2561,7 @@ static int lanes_build(Engine *e, const BrokerConfig *c, Pool **pools, size_t n_
                                 lanes_free(lanes, c->n_lanes);
                                 return -EINVAL; /* conf_validate() lets no such config through */
                         }
+                        l->most[l->n_pools] = conf_lane_most(c, lc, lc->pools[k]);
                         l->pools[l->n_pools++] = p;
                 }
                 if (lc->n_also > CONF_LANE_ALSO_MAX) {
@@ -2536,7 +2571,8 @@ static int lanes_build(Engine *e, const BrokerConfig *c, Pool **pools, size_t n_
                 if (lc->n_also > 0) {
                         l->also = calloc(lc->n_also, sizeof(Pool *));
                         l->also_slots = calloc(lc->n_also, sizeof(unsigned));
-                        if (!l->also || !l->also_slots)
+                        l->also_most = calloc(lc->n_also, sizeof(unsigned));
+                        if (!l->also || !l->also_slots || !l->also_most)
                                 goto oom;
                 }
                 for (size_t k = 0; k < lc->n_also; k++) {
@@ -2547,6 +2583,7 @@ static int lanes_build(Engine *e, const BrokerConfig *c, Pool **pools, size_t n_
                                 return -EINVAL;
                         }
                         l->also[l->n_also] = p;
+                        l->also_most[l->n_also] = conf_lane_most(c, lc, lc->also[k].pool);
                         l->also_slots[l->n_also++] = lc->also[k].slots;
                 }
                 for (size_t k = 0; k < l->n_pools && l->n_also > 0; k++)

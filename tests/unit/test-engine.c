@@ -832,6 +832,118 @@ static void test_max_in_use_passes_over_a_lane_at_its_cap(void **state) {
         assert_true(granted(b));
 }
 
+/* A request that its lane's limits in a pool can never admit (SPEC §3, lane limits) skips that pool as one bigger
+ * than the pool does, and is InvalidParameter where no pool of its lane can: it would otherwise wait out its
+ * budget, or forever, for nothing. */
+static void test_a_request_above_its_lanes_max_in_use_is_invalid(void **state) {
+        Fixture *f = *state;
+        pool_add(f, "small", 2);
+        pool_add(f, "big", 4);
+        lane_add(f, "l", LANE_POLICY_WAIT, "small", "big", NULL)->max_in_use = 2;
+        lane_add(f, "f", LANE_POLICY_FAIL_FAST, "big", NULL)->max_in_use = 1;
+        configure(f, 0);
+        EngineRequest *r = NULL;
+        assert_int_equal(engine_acquire(f->engine, &(EngineAcquire) { .lane = "l", .slots = 3 }, 0, &r), -EINVAL);
+        assert_int_equal(engine_acquire(f->engine, &(EngineAcquire) { .lane = "f", .slots = 2 }, 0, &r), -EINVAL);
+        assert_null(r);
+        assert_true(granted(acquire(f, "A", (Req) { .slots = 2 }, 1)));
+        assert_int_equal(pool_in_use(f, 0) + pool_in_use(f, 1), 2);
+}
+
+static void test_a_request_above_what_other_lanes_reserve_leave_is_invalid(void **state) {
+        Fixture *f = *state;
+        pool_add(f, "p", 4);
+        lane_add(f, "merge", LANE_POLICY_FAIL_FAST, "p", NULL)->reserve = 1;
+        lane_add(f, "ci", LANE_POLICY_FAIL_FAST, "p", NULL)->reserve = 1;
+        lane_add(f, "l", LANE_POLICY_WAIT, "p", NULL);
+        configure(f, 0);
+        EngineRequest *r = NULL;
+        assert_int_equal(engine_acquire(f->engine, &(EngineAcquire) { .lane = "l", .slots = 3 }, 0, &r), -EINVAL);
+        assert_null(r);
+        /* A lane's own reserve is no bar to it. */
+        assert_true(granted(acquire(f, "M", (Req) { .lane = "merge", .slots = 3 }, 1)));
+        Tag *a = acquire(f, "A", (Req) { .slots = 2 }, 2);
+        assert_true(queued(a));
+}
+
+/* A health lane is granted quarantined members, which no other lane's reserve= keeps (SPEC §3.6): only its
+ * max-in-use bounds it. */
+static void test_a_health_request_is_bounded_by_max_in_use_alone(void **state) {
+        Fixture *f = *state;
+        const char *const rigs[] = { "a", "b", "c" };
+        PoolConfig *pc = pool_add(f, "p", 0);
+        pool_set_members(pc, rigs, 3);
+        lane_add(f, "l", LANE_POLICY_WAIT, "p", NULL)->reserve = 2;
+        LaneConfig *h = lane_add(f, "h", LANE_POLICY_WAIT, "p", NULL);
+        h->health = true;
+        h->max_in_use = 2;
+        configure(f, 0);
+        EngineRequest *r = NULL;
+        assert_int_equal(engine_acquire(f->engine, &(EngineAcquire) { .lane = "h", .slots = 3 }, 0, &r), -EINVAL);
+        assert_null(r);
+        /* 2 > 3 - 2 (l's reserve): not a bar to a health request, which is refused for want of quarantined members. */
+        Tag *t = acquire(f, "H", (Req) { .lane = "h", .slots = 2 }, 1);
+        assert_true(refused(t, REFUSAL_UNAVAILABLE));
+        assert_string_equal(t->final.reason, "not-quarantined");
+}
+
+/* A reload that leaves a waiter more than its lane may ever hold in its pool refuses it (unavailable, "reload"),
+ * as one that leaves it no member it can use does: else it would wait for nothing and, short of slots, hold back
+ * everyone behind it. */
+static void test_reload_shrinking_the_limit_below_a_waiters_count_refuses_it(void **state) {
+        Fixture *f = *state;
+        simple(f, 3, 0);
+        Tag *a = acquire(f, "A", (Req) {}, 0);
+        Tag *b = acquire(f, "B", (Req) { .slots = 3 }, 1);
+        Tag *c = acquire(f, "C", (Req) {}, 2);
+        assert_true(queued(b) && queued(c));
+        f->config.pools[0]->limit = 2;
+        configure(f, 3);
+        run(f, 3);
+        assert_true(refused(b, REFUSAL_UNAVAILABLE));
+        assert_string_equal(b->final.reason, "reload");
+        assert_true(granted(c));
+        end(f, a, 4);
+}
+
+static void test_reload_lowering_max_in_use_below_a_waiters_count_refuses_it(void **state) {
+        Fixture *f = *state;
+        pool_add(f, "p", 3);
+        lane_add(f, "l", LANE_POLICY_WAIT, "p", NULL);
+        lane_add(f, "n", LANE_POLICY_WAIT, "p", NULL);
+        configure(f, 0);
+        Tag *a = acquire(f, "A", (Req) {}, 0);
+        Tag *b = acquire(f, "B", (Req) { .lane = "n", .slots = 3 }, 1);
+        Tag *c = acquire(f, "C", (Req) { .lane = "n", .slots = 2 }, 2);
+        Tag *d = acquire(f, "D", (Req) {}, 3);
+        assert_true(queued(b) && queued(c) && queued(d));
+        f->config.lanes[1]->max_in_use = 2;
+        configure(f, 4);
+        run(f, 4);
+        assert_true(refused(b, REFUSAL_UNAVAILABLE));
+        assert_string_equal(b->final.reason, "reload");
+        assert_true(granted(c)); /* B no longer holds it back */
+        assert_true(queued(d));
+        end(f, a, 5);
+        assert_true(granted(d));
+}
+
+static void test_reload_adding_a_reserve_above_what_a_waiter_can_get_refuses_it(void **state) {
+        Fixture *f = *state;
+        pool_add(f, "p", 3);
+        lane_add(f, "l", LANE_POLICY_WAIT, "p", NULL);
+        lane_add(f, "merge", LANE_POLICY_FAIL_FAST, "p", NULL);
+        configure(f, 0);
+        Tag *a = acquire(f, "A", (Req) {}, 0);
+        Tag *b = acquire(f, "B", (Req) { .slots = 3 }, 1);
+        assert_true(queued(b));
+        f->config.lanes[1]->reserve = 1;
+        configure(f, 2);
+        assert_true(refused(b, REFUSAL_UNAVAILABLE));
+        assert_string_equal(b->final.reason, "reload");
+        end(f, a, 3);
+}
+
 static void test_reserve_keeps_slots_for_its_lane(void **state) {
         Fixture *f = *state;
         pool_add(f, "p", 3);
@@ -4378,6 +4490,12 @@ int main(void) {
                 T(test_request_larger_than_a_pool_skips_it),
                 T(test_invalid_requests_are_rejected),
                 T(test_max_in_use_passes_over_a_lane_at_its_cap),
+                T(test_a_request_above_its_lanes_max_in_use_is_invalid),
+                T(test_a_request_above_what_other_lanes_reserve_leave_is_invalid),
+                T(test_a_health_request_is_bounded_by_max_in_use_alone),
+                T(test_reload_shrinking_the_limit_below_a_waiters_count_refuses_it),
+                T(test_reload_lowering_max_in_use_below_a_waiters_count_refuses_it),
+                T(test_reload_adding_a_reserve_above_what_a_waiter_can_get_refuses_it),
                 T(test_reserve_keeps_slots_for_its_lane),
                 T(test_reserve_used_by_its_lane_frees_the_rest),
                 T(test_cancelled_waiter_leaves_silently),

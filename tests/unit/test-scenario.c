@@ -481,6 +481,14 @@ static void test_config_errors_name_the_scenario_key(void **state) {
                   "test.json: pool: queue-congestion-timeout: " },
                 { "{\"pool\": {\"limit\": 2}, \"requests\": [{\"name\": \"A\", \"at\": \"0\", \"hold\": \"1s\", \"slots\": 3}]}",
                   "test.json: requests[0].slots: 3 slots, but no pool of lane \"default\" has more than 2" },
+                /* More than its lane's max-in-use, or than other lanes' reserve= leave it (SPEC §3): never granted. */
+                { "{\"pools\": {\"a\": {\"limit\": 4}}, \"lanes\": {\"m\": {\"pools\": [\"a\"], \"max-in-use\": 2}}, "
+                  "\"requests\": [{\"name\": \"A\", \"at\": \"0\", \"hold\": \"1s\", \"lane\": \"m\", \"slots\": 3}]}",
+                  "test.json: requests[0].slots: 3 slots, but no pool of lane \"m\" has more than 2" },
+                { "{\"pools\": {\"a\": {\"limit\": 4}}, \"lanes\": {\"m\": {\"pools\": [\"a\"]}, "
+                  "\"r\": {\"pools\": [\"a\"], \"reserve\": 2}}, "
+                  "\"requests\": [{\"name\": \"A\", \"at\": \"0\", \"hold\": \"1s\", \"lane\": \"m\", \"slots\": 3}]}",
+                  "test.json: requests[0].slots: 3 slots, but no pool of lane \"m\" has more than 2" },
         };
 
         for (size_t i = 0; i < ELEMENTSOF(cases); i++) {

@@ -38,6 +38,7 @@
  * on (1: the default), to run one again. */
 #include <glob.h>
 #include <inttypes.h>
+#include <limits.h>
 #include <setjmp.h>
 #include <signal.h>
 #include <stdarg.h>
@@ -455,6 +456,9 @@ typedef struct GenLane {
         bool fail_fast;
         unsigned max_in_use, reserve, also;
         unsigned also_k;        /* the largest K of its also= pools (conf.c: none above its max-in-use) */
+        bool health;
+        unsigned most;          /* the most slots its requests may ask for (conf_lane_most() in each of its pools) */
+        unsigned need;          /* the most slots a request of it asks for: a reload's max-in-use leaves it that */
 } GenLane;
 
 /* When a generated request's hold would end were it granted on arrival (ms; 0: never), and its pools (bit p). */
@@ -583,8 +587,8 @@ static void gen_need(unsigned *need, unsigned lane_pools, unsigned k) {
 /* An all-or-nothing set (SPEC §3.5) on 60% of the lanes that leave some pool out: one or two of the pools the
  * lane does not route to (conf.c: never its own), each for 1 to 3 of its slots (at most its limit), the count
  * written as "p1:1" at times (the default spelled out). Returns the set's pools (bit p: pool p). */
-static unsigned gen_also(Gen *g, FILE *f, const unsigned *limits, unsigned n_pools, unsigned lane_pools, unsigned *need,
-                         GenLane *lane) {
+static unsigned gen_also(Gen *g, FILE *f, const unsigned *limits, const unsigned *reserved, unsigned n_pools,
+                         unsigned lane_pools, unsigned *need, GenLane *lane) {
         unsigned others[POOLS_MAX], n_others = 0, mask = 0;
         for (unsigned p = 0; p < n_pools; p++)
                 if (!((lane_pools >> p) & 1))
@@ -598,6 +602,7 @@ static unsigned gen_also(Gen *g, FILE *f, const unsigned *limits, unsigned n_poo
                 unsigned k = gen_chance(g, 60) ? 1 : 1 + gen_below(g, MIN(limits[p], 3u));
                 if (lane->max_in_use > 0)
                         k = MIN(k, lane->max_in_use); /* conf.c: a K above it could never be granted */
+                k = MIN(k, limits[p] - reserved[p]); /* nor above what the lanes there reserve leave (engine.c) */
                 lane->also_k = MAX(lane->also_k, k);
                 need[p] = MAX(need[p], k);
                 mask |= 1u << p;
@@ -627,11 +632,12 @@ static void gen_phase_extras(Gen *g, FILE *f) {
  * reload leaves them, `limits`), max-in-use (none, or at least its reserve and its also= K: conf.c), policy, the order of its
  * pools, max-hold and queue timeout. */
 static void gen_reload_lane_rules(Gen *g, FILE *f, const char **k, GenLane *lane, unsigned lane_pools,
-                                  unsigned *reserved, const unsigned *limits) {
+                                  unsigned *reserved, const unsigned *limits, const unsigned *need) {
         if (gen_chance(g, 25)) {
                 unsigned r = gen_below(g, 3);
                 for (unsigned p = 0; p < POOLS_MAX; p++)
-                        if (((lane_pools >> p) & 1) && reserved[p] - lane->reserve + r >= limits[p])
+                        if (((lane_pools >> p) & 1) && (reserved[p] - lane->reserve + r >= limits[p] ||
+                                                        reserved[p] - lane->reserve + r + need[p] > limits[p]))
                                 r = 0;
                 if (lane->max_in_use > 0)
                         r = MIN(r, lane->max_in_use);
@@ -644,6 +650,8 @@ static void gen_reload_lane_rules(Gen *g, FILE *f, const char **k, GenLane *lane
         }
         if (gen_chance(g, 25)) {
                 lane->max_in_use = gen_chance(g, 25) ? 0 : MAX(MAX(lane->reserve, 1u) + gen_below(g, 4), lane->also_k);
+                if (lane->max_in_use > 0) /* (MAX() evaluates its arguments twice: not with the draw in it) */
+                        lane->max_in_use = MAX(lane->max_in_use, lane->need);
                 if (lane->max_in_use == 0)
                         fprintf(f, "%s\"max-in-use\": \"infinity\"", *k);
                 else
@@ -820,10 +828,14 @@ static void gen_reload_topology(Gen *g, GenTopology *t, unsigned *at, FILE *pf, 
                 }
                 fprintf(lf, "\"p%u\"], \"policy\": \"%s\", \"priority\": %u", p,
                         gen_chance(g, 20) ? "fail-fast" : "wait", gen_below(g, 3));
-                if (gen_chance(g, 30))
-                        fprintf(lf, ", \"max-in-use\": %u", 1 + gen_below(g, 3));
+                unsigned max_k = MIN(limit, 3u);
+                if (gen_chance(g, 30)) {
+                        unsigned max_in_use = 1 + gen_below(g, 3);
+                        fprintf(lf, ", \"max-in-use\": %u", max_in_use);
+                        max_k = MIN(max_k, max_in_use); /* more could never be granted (engine.c) */
+                }
                 fputc('}', lf);
-                gen_more_requests(g, t, l, *at, 2 + gen_below(g, 7), MIN(limit, 3u));
+                gen_more_requests(g, t, l, *at, 2 + gen_below(g, 7), max_k);
         }
 }
 
@@ -941,8 +953,10 @@ static char *generate(uint64_t seed) {
                         unsigned r = gen_below(&g, 2);
                         if (extra && r == 1 && gen_chance(&xg, 30) && (max_in_use == 0 || max_in_use >= 2))
                                 r = 2;
+                        /* Nor below the also= K of the lanes before (engine.c: a request for more is invalid). */
                         for (unsigned k = 0; k < n; k++)
-                                if (reserved[(first + k) % n_pools] + r >= limits[(first + k) % n_pools])
+                                if (reserved[(first + k) % n_pools] + r >= limits[(first + k) % n_pools] ||
+                                    reserved[(first + k) % n_pools] + r + need[(first + k) % n_pools] > limits[(first + k) % n_pools])
                                         r = 0;
                         for (unsigned k = 0; k < n; k++)
                                 reserved[(first + k) % n_pools] += r;
@@ -966,12 +980,13 @@ static char *generate(uint64_t seed) {
                                 all_members = all_members && pools[p].members;
                 /* A health lane (issue 23): granted quarantined members only, its exit 0 restores them. */
                 bool health = all_members && gen_chance(&qg, 25);
+                gl[l].health = health;
                 if (health)
                         /* health = also: quarantined members first when enough are free, else ordinary ones. */
                         fprintf(g.f, ", \"health\": \"%s\"", extra && gen_chance(&xg, 40) ? "also" : "yes");
                 /* also= (issue 22 item 4), from a generator of its own: a health lane takes none (conf.c). */
                 if (also && !health)
-                        gl[l].also = gen_also(&ag, g.f, limits, n_pools, lane_pools[l], need, &gl[l]);
+                        gl[l].also = gen_also(&ag, g.f, limits, reserved, n_pools, lane_pools[l], need, &gl[l]);
                 if (all_members && gen_chance(&g, 15)) {
                         GenSel t = { .member = -1 };
                         if (gen_chance(&g, 50))
@@ -990,6 +1005,21 @@ static char *generate(uint64_t seed) {
                         }
                 }
                 fputc('}', g.f);
+        }
+        /* What each lane's requests may ask for: conf_lane_most() in every one of its pools, so that a request fits
+         * any pool its selector fits (engine.c: one that no pool can ever grant is InvalidParameter). */
+        for (unsigned l = 0; l < n_lanes; l++) {
+                gl[l].most = UINT_MAX;
+                for (unsigned p = 0; p < n_pools; p++) {
+                        if (!((lane_pools[l] >> p) & 1))
+                                continue;
+                        unsigned most = limits[p];
+                        if (gl[l].max_in_use > 0)
+                                most = MIN(most, gl[l].max_in_use);
+                        if (!gl[l].health)
+                                most = MIN(most, limits[p] - (reserved[p] - gl[l].reserve));
+                        gl[l].most = MIN(gl[l].most, most);
+                }
         }
         fputs("}, \"requests\": [", g.f);
         unsigned n_requests = 20 + gen_below(&g, 61);
@@ -1016,6 +1046,8 @@ static char *generate(uint64_t seed) {
                         fprintf(g.f, ", \"max-wait\": \"%ums\"", max_wait);
                 }
                 gen_request_selector(&g, extra ? &xg : NULL, pools, n_pools, lane_pools[l], &lane_sel[l], &k, &named);
+                k = MIN(k, gl[l].most);
+                gl[l].need = MAX(gl[l].need, k);
                 /* What its command tells at the end: success, a test's failure, a quarantine status. */
                 if (gen_chance(&qg, 50)) {
                         static const int statuses[] = { 0, 0, 1, 3, 3, 4 };
@@ -1140,6 +1172,8 @@ static char *generate(uint64_t seed) {
                                 if ((lane_pools[l] >> p) & 1)
                                         max_k = MAX(max_k, MIN(gen_capacity(&pools[p], &lane_sel[l], NULL), 3u));
                 }
+                max_k = MIN(max_k, gl[l].most);
+                gl[l].need = MAX(gl[l].need, max_k);
                 gen_need(need, lane_pools[l], max_k);
                 unsigned rate = 1 + gen_below(&g, 40), span = 1 + gen_below(&g, 8);
                 fprintf(g.f, ", \"arrivals\": [{\"rate\": \"%u/s\", \"for\": \"%us\", \"hold\": \"%ums\", \"lane\": \"%c\", "
@@ -1156,6 +1190,8 @@ static char *generate(uint64_t seed) {
                                                 k2 = MIN(k2, limits[p]);
                                 if (lane_sel[l2].x != 0 || lane_sel[l2].y != 0)
                                         k2 = 1; /* the lane's labels leave a member in one of its pools at least */
+                                k2 = MIN(k2, gl[l2].most);
+                                gl[l2].need = MAX(gl[l2].need, k2);
                                 gen_need(need, lane_pools[l2], k2);
                                 unsigned rate2 = 1 + gen_below(&xg, 40), span2 = 1 + gen_below(&xg, 4);
                                 fprintf(g.f, "}, {\"rate\": \"%u/s\", \"for\": \"%us\", \"hold\": \"%ums\", "
@@ -1214,7 +1250,7 @@ static char *generate(uint64_t seed) {
                                 sep = ", ";
                                 const char *k = "";
                                 if (limit) {
-                                        unsigned lo = MAX(need[p], reserved[p] + 1);
+                                        unsigned lo = MAX(need[p] + reserved[p], reserved[p] + 1);
                                         if (lo < grown[p] && gen_chance(&lg, 50))
                                                 grown[p] = lo + gen_below(&lg, grown[p] - lo);
                                         else
@@ -1282,7 +1318,7 @@ static char *generate(uint64_t seed) {
                                         k = ", ";
                                 }
                                 if (rules)
-                                        gen_reload_lane_rules(&ng, kf, &k, &gl[l], lane_pools[l], reserved, grown);
+                                        gen_reload_lane_rules(&ng, kf, &k, &gl[l], lane_pools[l], reserved, grown, need);
                                 assert_int_equal(fclose(kf), 0);
                                 if (*k) {
                                         fprintf(g.f, "%s\"%c\": {%s}", sep, 'a' + l, keys);
