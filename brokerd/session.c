@@ -1306,6 +1306,8 @@ static const char *unavailable_reason_text(const char *reason) {
         } table[] = {
                 { "drained", "the pool is drained" },
                 { "removed", "the pool was removed by a reload" },
+                { "not-quarantined", "a health job asked for members that are not quarantined" },
+                { "member-drained", "a health job asked for quarantined members that are drained" },
                 { "reload", "a reload left the pool nothing this request can use (its lane, or the members it asked for, "
                             "are gone; its lane's labels= or also= changed; or it asks for more slots than the pool's "
                             "limit= or its lane's max-in-use= and the other lanes' reserve= now allow)" },

@@ -1143,16 +1143,24 @@ function HEALTH.avail()
         return out
 end
 
--- pool-local.c:health_capacity(): how many members the request could ever get now.
-function HEALTH.capacity(w)
+-- pool-local.c:health_capacity_of(): how many members the request could ever get now (drained ones too: how
+-- many it could were they undrained).
+function HEALTH.capacity(w, drained_too)
         local n = 0
         for i, m in ipairs(R.members or {}) do
                 if i > R.limit then break end
-                if LIFE.quarantined(m) and redis.call('SISMEMBER', K.dm, m) == 0 and HEALTH.admits(w, i - 1) then
+                if LIFE.quarantined(m) and (drained_too or redis.call('SISMEMBER', K.dm, m) == 0) and
+                   HEALTH.admits(w, i - 1) then
                         n = n + 1
                 end
         end
         return n
+end
+
+-- pool-local.c:health_refusal(): why a request too few members can satisfy now is refused: its quarantined
+-- members are drained by hand ("member-drained"), or there are not enough of them ("not-quarantined").
+function HEALTH.refusal(w, k)
+        return HEALTH.capacity(w, true) >= k and 'member-drained' or 'not-quarantined'
 end
 
 function HEALTH.blocked(lane, k)
@@ -2207,7 +2215,7 @@ end
 
 -- pool-local.c:health_dispatch(): the health waiters in arrival order, each granted the quarantined members
 -- it can use as they free; one no quarantined member can satisfy any more is refused unavailable
--- ("not-quarantined"). No grant inside a recovery window (as dispatch()). False: the budget ran out; else
+-- ("not-quarantined"; "member-drained" when a drain keeps them out). No grant inside a recovery window (as dispatch()). False: the budget ran out; else
 -- true and whether it granted anything (dispatch_settle()).
 function HEALTH.dispatch(t)
         if HEALTH.waiting() == 0 or not R.members then return true, false end
@@ -2220,12 +2228,14 @@ function HEALTH.dispatch(t)
                         -- gone, or an ordinary waiter's wid written there (untrusted): not a health waiter
                         LIFE.keyed('ZREM', HEALTH.key(), wid)
                         LIFE.bad('hq', wid)
-                elseif not R.lanes[w.lane] or not (R.lanes[w.lane].health or R.lanes[w.lane].health_also) or
-                       HEALTH.capacity(w) < w.k then
+                elseif not R.lanes[w.lane] or not (R.lanes[w.lane].health or R.lanes[w.lane].health_also) then
                         -- (a record of no health lane's flagged health by hand, healed into hq: never given a
                         -- quarantined member)
                         if not step() then return false end
                         waiter_refuse(w, 'unavailable', 'not-quarantined', t)
+                elseif HEALTH.capacity(w) < w.k then
+                        if not step() then return false end
+                        waiter_refuse(w, 'unavailable', HEALTH.refusal(w, w.k), t)
                 else
                         local fits, usable = HEALTH.fits(w, w.lane, w.k, avail)
                         if fits then

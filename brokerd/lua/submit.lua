@@ -92,7 +92,7 @@ local function submit()
         elseif rule.health then
                 if not R.members then return reply('invalid') end
                 local self = { sel = SELECTOR }
-                if HEALTH.capacity(self) < K_SLOTS then return refuse_now('unavailable', 'not-quarantined') end
+                if HEALTH.capacity(self) < K_SLOTS then return refuse_now('unavailable', HEALTH.refusal(self, K_SLOTS)) end
                 local fits, usable = HEALTH.fits(self, LANE, K_SLOTS, HEALTH.for_new())
                 if fits and not in_recovery then room, take = true, usable end
         elseif not in_recovery then

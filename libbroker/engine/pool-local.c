@@ -1117,13 +1117,26 @@ static void health_avail(const LocalPool *p, uint64_t *avail, size_t words) {
                         bit_set(avail, i);
 }
 
-/* How many members a health request with this mask could ever get now: the quarantined ones it admits. */
-static unsigned health_capacity(const LocalPool *p, const uint64_t *mask) {
+/* How many members a health request with this mask could ever get now: the quarantined ones it admits, and not
+ * drained by hand unless drained_too. */
+static unsigned health_capacity_of(const LocalPool *p, const uint64_t *mask, bool drained_too) {
         unsigned n = 0;
         for (unsigned i = 0; i < p->base.limit; i++)
-                if (member_is_quarantined(p, i) && !member_is_admin_drained(p, i) && (!mask || bit_test(mask, i)))
+                if (member_is_quarantined(p, i) && (drained_too || !member_is_admin_drained(p, i)) &&
+                    (!mask || bit_test(mask, i)))
                         n++;
         return n;
+}
+
+static unsigned health_capacity(const LocalPool *p, const uint64_t *mask) {
+        return health_capacity_of(p, mask, false);
+}
+
+/* Why a health request that too few members can ever satisfy now is refused (unavailable): the quarantined
+ * members it admits would do but a drain keeps them out (SPEC §3.6: a drain is a person's, over a quarantine
+ * too), or they are not quarantined. As the scripts say it (prelude.lua, HEALTH.refusal()). */
+static const char *health_refusal(const LocalPool *p, const uint64_t *mask, unsigned slots) {
+        return health_capacity_of(p, mask, true) >= slots ? "member-drained" : "not-quarantined";
 }
 
 /* avail &= mask; whether it then holds k members and the lane's max-in-use allows them. */
@@ -1174,7 +1187,7 @@ static bool health_dispatch(LocalPool *p, usec_t now) {
                 PoolWaiter *w = container_of(n, PoolWaiter, fifo_node);
                 if (health_capacity(p, w->mask) < w->slots) {
                         /* As a health submit refused at once says it (and the scripts: HEALTH's dispatch). */
-                        waiter_refuse_because(p, w, REFUSAL_UNAVAILABLE, "not-quarantined", now);
+                        waiter_refuse_because(p, w, REFUSAL_UNAVAILABLE, health_refusal(p, w->mask, w->slots), now);
                         continue;
                 }
                 memcpy(usable, avail, words * sizeof(uint64_t));
@@ -1734,7 +1747,7 @@ static int local_submit(Pool *base, const PoolTry *t, usec_t now) {
                                 .at = now,
                                 .refusal = REFUSAL_UNAVAILABLE,
                                 .budget = USEC_INFINITY,
-                                .reason = "not-quarantined",
+                                .reason = health_refusal(p, mask, t->slots),
                         });
                         return 0;
                 }

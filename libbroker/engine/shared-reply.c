@@ -22,7 +22,7 @@ void shared_decision_done(SharedDecision *d) {
  * else is none. */
 static const char *static_reason(const char *s, size_t len) {
         static const char *const known[] = { "drained", "recovery", "backend", "rules", "node-expired", "cooldown",
-                                             "not-quarantined" };
+                                             "not-quarantined", "member-drained" };
         for (size_t i = 0; i < ELEMENTSOF(known); i++)
                 if (strlen(known[i]) == len && memcmp(known[i], s, len) == 0)
                         return known[i];

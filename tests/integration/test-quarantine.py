@@ -205,6 +205,18 @@ class Quarantine(Base):
         metrics = b.call("io.slotbroker.Metrics")["text"]
         self.assertIn('slotbroker_member_quarantined{pool="rigs",member="a"} 0', metrics)
 
+    def test_a_health_job_for_a_drained_quarantined_member_says_member_drained(self):
+        b = self.rigs("drained-health")
+        self.assertEqual(self.ran(b, "broken", "w", 3, "--member", "a"), ["a"])
+        self.wait_quarantined(b, {"a"})
+        p = self.slotctl(b, "drain", "rigs", "a", "--reason", "reflash")
+        self.assertEqual(p.returncode, 0, p.stderr)
+        j = self.job(b, "ha", "health", "finish", "--member", "a")
+        self.assertEqual(j.wait(20), 75, j.stderr())
+        self.assertIn("member-drained", j.stderr())
+        self.assertNotIn("not-quarantined", j.stderr())
+        self.assertEqual(self.w.started("ha"), [])
+
     def test_a_failed_health_check_keeps_the_member_quarantined(self):
         b = self.rigs("health-fails")
         self.ran(b, "broken", "w", 4, "--member", "b")

@@ -1098,6 +1098,32 @@ static void rigs_plain(Fixture *f, unsigned after) {
         configure(f, 0);
 }
 
+/* A health request whose quarantined members are drained by hand is refused for the drain, not as if they were not
+ * quarantined (SPEC §3.6): "member-drained", at once or while it waits. */
+static void test_a_health_request_for_drained_quarantined_members_says_member_drained(void **state) {
+        Fixture *f = *state;
+        rigs_plain(f, 1);
+        Tag *a = acquire(f, "A", (Req) {}, 0);
+        end_with(f, a, 3, "job-1", S(1)); /* a quarantined */
+        Tag *h1 = acquire(f, "H1", (Req) { .lane = "h" }, S(2));
+        assert_true(granted(h1));
+        Tag *h2 = acquire(f, "H2", (Req) { .lane = "h" }, S(3));
+        assert_true(queued(h2));
+        assert_int_equal(drain(f, "p", "a", true, S(4)), 0);
+        run(f, S(4));
+        assert_true(refused(h2, REFUSAL_UNAVAILABLE));
+        assert_string_equal(h2->final.reason, "member-drained");
+        Tag *h3 = acquire(f, "H3", (Req) { .lane = "h" }, S(5));
+        assert_true(refused(h3, REFUSAL_UNAVAILABLE));
+        assert_string_equal(h3->final.reason, "member-drained");
+        /* b is neither: not-quarantined, drained or not. */
+        assert_int_equal(drain(f, "p", "b", true, S(6)), 0);
+        Tag *h4 = acquire(f, "H4", (Req) { .lane = "h", .slots = 2 }, S(6));
+        assert_true(refused(h4, REFUSAL_UNAVAILABLE));
+        assert_string_equal(h4->final.reason, "not-quarantined");
+        end(f, h1, S(7));
+}
+
 static void test_health_lane_takes_quarantined_members_only_and_exit_0_restores(void **state) {
         Fixture *f = *state;
         rigs_plain(f, 1);
@@ -4532,6 +4558,7 @@ int main(void) {
                 T(test_a_held_member_quarantined_by_hand_stays_with_its_holder),
                 T(test_a_member_drain_until_ends_by_itself_on_every_pool_kind),
                 T(test_health_lane_takes_quarantined_members_only_and_exit_0_restores),
+                T(test_a_health_request_for_drained_quarantined_members_says_member_drained),
                 T(test_health_also_lane_takes_quarantined_members_first_then_ordinary_ones),
                 T(test_reload_ending_a_health_lane_refuses_its_waiters),
                 T(test_health_waiter_position_is_its_place_among_health_waiters),
