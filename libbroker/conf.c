@@ -142,19 +142,41 @@ bool conf_name_is_valid(const char *s) {
 }
 
 /* C1 (U+0080..U+009F) is two bytes in UTF-8, C2 80..C2 9F: journalctl shows a message that carries one as
- * "[blob data]", so a reason with one would hide the entry's text. U+2028/U+2029 (E2 80 A8/A9) break lines
- * in what renders Unicode. Bytes that are not UTF-8 at all are the protocol's business (JSON refuses them). */
+ * "[blob data]", so a text with one would hide the entry's. U+2028/U+2029 (E2 80 A8/A9) break lines in what
+ * renders Unicode. Bytes that are not UTF-8 at all are the protocol's business (JSON refuses them); a lead byte
+ * last is none of these, and nothing past the NUL is read. */
+size_t conf_text_control_len(const char *s) {
+        const unsigned char *p = (const unsigned char *) s;
+        if ((p[0] > 0 && p[0] < 0x20) || p[0] == 0x7f)
+                return 1;
+        if (p[0] == 0xc2 && p[1] >= 0x80 && p[1] <= 0x9f)
+                return 2;
+        if (p[0] == 0xe2 && p[1] == 0x80 && (p[2] == 0xa8 || p[2] == 0xa9))
+                return 3;
+        return 0;
+}
+
+char *conf_text_sanitize(char *s) {
+        char *w = s;
+        for (const char *r = s; r && *r;) {
+                size_t n = conf_text_control_len(r);
+                if (n > 0) {
+                        *w++ = '?';
+                        r += n;
+                } else
+                        *w++ = *r++;
+        }
+        if (w)
+                *w = '\0';
+        return s;
+}
+
 bool conf_reason_is_valid(const char *s) {
         if (!s || !*s || strlen(s) > CONF_REASON_MAX)
                 return false;
-        for (const unsigned char *p = (const unsigned char *) s; *p; p++) {
-                if (*p < 0x20 || *p == 0x7f)
+        for (; *s; s++)
+                if (conf_text_control_len(s) > 0)
                         return false;
-                if (p[0] == 0xc2 && p[1] >= 0x80 && p[1] <= 0x9f)
-                        return false;
-                if (p[0] == 0xe2 && p[1] == 0x80 && (p[2] == 0xa8 || p[2] == 0xa9))
-                        return false;
-        }
         return true;
 }
 
@@ -213,13 +235,6 @@ static int conf_source_copy(ConfSource *dst, const ConfSource *src) {
         return 0;
 }
 
-/* Errors end up on terminals and in the journal: no byte of a hostile file may act as a control code. */
-static char *sanitize(char *s) {
-        for (char *p = s; p && *p; p++)
-                if ((unsigned char) *p < 0x20 || *p == 0x7f)
-                        *p = '?';
-        return s;
-}
 
 int conf_errors_add(ConfErrors *errors, const ConfSource *source, const char *key, const char *format, ...) {
         ConfError e = {};
@@ -253,9 +268,10 @@ int conf_errors_add(ConfErrors *errors, const ConfSource *source, const char *ke
                         goto drop;
                 }
         }
-        sanitize(e.message);
-        sanitize(e.where);
-        sanitize(e.key);
+        /* Errors end up on terminals and in the journal: no byte of a hostile file may act as a control code. */
+        conf_text_sanitize(e.message);
+        conf_text_sanitize(e.where);
+        conf_text_sanitize(e.key);
         ConfError *n = realloc(errors->errors, (errors->n_errors + 1) * sizeof(ConfError));
         if (!n)
                 goto drop;

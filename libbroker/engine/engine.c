@@ -2189,10 +2189,9 @@ int engine_lease_set_exit_status(EngineLease *l, int exit_status, const char *jo
                 return -ENOMEM;
         /* The job label is any text the client gave; the quarantine it may make is shown and journaled as one
          * line of text (an empty one is none), kept in members.state, which reads anything else as damage, and
-         * on a shared pool in Redis, whose record with a control character every node reads as malformed. */
-        for (char *c = j; c && *c; c++)
-                if ((unsigned char) *c < 0x20 || *c == 0x7f)
-                        *c = '?';
+         * on a shared pool in Redis, whose record with a control character every node reads as malformed. C1
+         * and the line separators too, as a reason may carry none of them (conf_reason_is_valid()). */
+        conf_text_sanitize(j);
         free(l->exit_job);
         l->exit_job = j;
         l->exit_status = exit_status;

@@ -888,7 +888,7 @@ static void test_errors_without_source_print_without_where(void **state) {
 }
 
 static void test_errors_carry_no_control_characters(void **state) {
-        ConfSource src = { .file = (char *) "evil\x1b[2J.conf", .line = 1 };
+        ConfSource src = { .file = (char *) "evil\x1b[2J\xc2\x9b" "2J\xe2\x80\xa8.conf", .line = 1 };
         char key[200];
 
         assert_int_equal(conf_set(c, "\x1b]0;owned\x07", "k\x1b", "v", &src, &errors), -EINVAL);
@@ -898,8 +898,11 @@ static void test_errors_carry_no_control_characters(void **state) {
         for (size_t i = 0; i < errors.n_errors; i++)
                 for (const char *s[] = { errors.errors[i].where, errors.errors[i].key, errors.errors[i].message }, **p = s;
                      p < s + 3; p++)
-                        for (const char *q = *p; q && *q; q++)
+                        for (const char *q = *p; q && *q; q++) {
                                 assert_false((unsigned char) *q < 0x20 || *q == 0x7f);
+                                assert_false(q[0] == '\xc2' && (unsigned char) q[1] >= 0x80 && (unsigned char) q[1] <= 0x9f);
+                                assert_false(q[0] == '\xe2' && q[1] == '\x80' && (q[2] == '\xa8' || q[2] == '\xa9'));
+                        }
         assert_true(strlen(errors.errors[1].key) < 80);
 }
 

@@ -3425,6 +3425,19 @@ static void test_a_quarantine_keeps_its_job_label_as_one_line(void **state) {
         assert_null(life_of(f, "b")->job);
 }
 
+/* C1 (U+0080..U+009F: journalctl's [blob data], a terminal's CSI) and the line and paragraph separators (U+2028,
+ * U+2029) as C0, one '?' each, as reasons refuse them (conf_reason_is_valid()); other text is kept. */
+static void test_a_quarantine_keeps_no_c1_or_line_separator_of_its_job_label(void **state) {
+        Fixture *f = *state;
+        rigs_plain(f, 1);
+        Tag *a = acquire(f, "A", (Req) {}, 0);
+        end_with(f, a, 3, "nel\xc2\x85" "csi\xc2\x9b" "[1m ls\xe2\x80\xa8" "ps\xe2\x80\xa9" "ok\xc2\xa0\xe2\x80\xa7\xc2",
+                 S(1));
+        quiesce(f);
+        assert_true(life_of(f, "a")->quarantined);
+        assert_string_equal(life_of(f, "a")->job, "nel?csi?[1m ls?ps?ok\xc2\xa0\xe2\x80\xa7\xc2");
+}
+
 static void test_set_is_not_starved_by_a_stream_of_single_pool_requests(void **state) {
         Fixture *f = *state;
         set_pools(f, 1, 2);
@@ -4583,6 +4596,7 @@ int main(void) {
                 T(test_set_granted_at_once_takes_no_member_set_aside),
                 T(test_set_exit_status_counts_in_every_pool_of_the_set),
         T(test_a_quarantine_keeps_its_job_label_as_one_line),
+        T(test_a_quarantine_keeps_no_c1_or_line_separator_of_its_job_label),
         T(test_set_is_not_starved_by_a_stream_of_single_pool_requests),
                 T(test_crossed_sets_do_not_deadlock),
                 T(test_reload_reorders_crossed_sets_in_every_pool_at_once),
