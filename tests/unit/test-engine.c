@@ -360,6 +360,14 @@ static void simple(Fixture *f, unsigned limit, usec_t q) {
         configure(f, 0);
 }
 
+/* One pool "p" of `limit`, the wait lane "l" and another lane, `other`, of `policy`. */
+static void two_lanes(Fixture *f, unsigned limit, const char *other, LanePolicy policy) {
+        pool_add(f, "p", limit);
+        lane_add(f, "l", LANE_POLICY_WAIT, "p", NULL);
+        lane_add(f, other, policy, "p", NULL);
+        configure(f, 0);
+}
+
 /* ---- budgets (SPEC §3.1) ---- */
 
 static void test_worked_example_keeping_up(void **state) {
@@ -908,10 +916,7 @@ static void test_reload_shrinking_the_limit_below_a_waiters_count_refuses_it(voi
 
 static void test_reload_lowering_max_in_use_below_a_waiters_count_refuses_it(void **state) {
         Fixture *f = *state;
-        pool_add(f, "p", 3);
-        lane_add(f, "l", LANE_POLICY_WAIT, "p", NULL);
-        lane_add(f, "n", LANE_POLICY_WAIT, "p", NULL);
-        configure(f, 0);
+        two_lanes(f, 3, "n", LANE_POLICY_WAIT);
         Tag *a = acquire(f, "A", (Req) {}, 0);
         Tag *b = acquire(f, "B", (Req) { .lane = "n", .slots = 3 }, 1);
         Tag *c = acquire(f, "C", (Req) { .lane = "n", .slots = 2 }, 2);
@@ -930,10 +935,7 @@ static void test_reload_lowering_max_in_use_below_a_waiters_count_refuses_it(voi
 
 static void test_reload_adding_a_reserve_above_what_a_waiter_can_get_refuses_it(void **state) {
         Fixture *f = *state;
-        pool_add(f, "p", 3);
-        lane_add(f, "l", LANE_POLICY_WAIT, "p", NULL);
-        lane_add(f, "merge", LANE_POLICY_FAIL_FAST, "p", NULL);
-        configure(f, 0);
+        two_lanes(f, 3, "merge", LANE_POLICY_FAIL_FAST);
         Tag *a = acquire(f, "A", (Req) {}, 0);
         Tag *b = acquire(f, "B", (Req) { .slots = 3 }, 1);
         assert_true(queued(b));
@@ -1876,10 +1878,7 @@ static void test_reload_removing_pool_refuses_waiters_and_keeps_holders(void **s
 
 static void test_reload_keeps_waiters_and_reorders_on_new_priority(void **state) {
         Fixture *f = *state;
-        pool_add(f, "p", 1);
-        lane_add(f, "l", LANE_POLICY_WAIT, "p", NULL);
-        lane_add(f, "k", LANE_POLICY_WAIT, "p", NULL);
-        configure(f, 0);
+        two_lanes(f, 1, "k", LANE_POLICY_WAIT);
         Tag *a = acquire(f, "A", (Req) {}, 0);
         Tag *b = acquire(f, "B", (Req) {}, 1);
         Tag *c = acquire(f, "C", (Req) { .lane = "k" }, 2);
