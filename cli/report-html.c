@@ -992,6 +992,7 @@ int report_html_write(const Report *r, const ReportHtmlOptions *o, FILE *f) {
         if (r->n_pools > 0)
                 section_tables(f, r);
         fputs("</body></html>\n", f);
-        fflush(f);
+        if (fflush(f) != 0)
+                return -errno; /* ENOSPC says more than EIO */
         return ferror(f) ? -EIO : 0;
 }

@@ -7,6 +7,8 @@ Usage: test-simulate.py SLOTCTL SCENARIO_DIR
 """
 import json
 import os
+import select
+import stat
 import subprocess
 import sys
 import tempfile
@@ -352,6 +354,71 @@ class Determinism(unittest.TestCase):
     def test_text_is_stable(self):
         args = ["--scenario", os.path.join(SCENARIOS, "keeping-up.json")]
         self.assertEqual(simulate(*args).stdout, simulate(*args).stdout)
+
+
+class Output(unittest.TestCase):
+    ARGS = ["--limit", "2", "--hold", "2s", "--arrivals", "2/s:5s"]
+
+    def test_html_through_a_symlink_fifo_or_device(self):
+        """--html replaces a regular file by renaming a complete page over it; anything else is written
+        through, as `>` would: renaming over /dev/null as root replaced the device by a file."""
+        with tempfile.TemporaryDirectory() as tmp:
+            target, link = os.path.join(tmp, "target.html"), os.path.join(tmp, "link.html")
+            with open(target, "w") as f:
+                f.write("old")
+            os.symlink("target.html", link)
+            simulate(*self.ARGS, "--html", link)
+            self.assertTrue(os.path.islink(link), "the symlink was replaced")
+            with open(target) as f:
+                self.assertTrue(f.read().startswith("<!DOCTYPE html>"))
+
+            fifo = os.path.join(tmp, "fifo")
+            os.mkfifo(fifo)
+            reader = os.open(fifo, os.O_RDONLY | os.O_NONBLOCK)
+            page = b""
+            try:
+                p = subprocess.Popen([SLOTCTL, "simulate", *self.ARGS, "--html", fifo], stdout=subprocess.DEVNULL,
+                                     stderr=subprocess.PIPE)
+                while True:
+                    done = p.poll() is not None
+                    ready, _, _ = select.select([reader], [], [], 0.1)
+                    if ready:
+                        chunk = os.read(reader, 65536)
+                        page += chunk
+                        if chunk:
+                            continue
+                    if done:
+                        break
+                self.assertEqual(p.wait(), 0, p.stderr.read())
+            finally:
+                os.close(reader)
+            self.assertTrue(stat.S_ISFIFO(os.lstat(fifo).st_mode), "the FIFO was replaced")
+            self.assertTrue(page.startswith(b"<!DOCTYPE html>") and page.rstrip().endswith(b"</html>"), page[:80])
+
+            # A device node of our own (as root only), never the machine's /dev/null.
+            if os.geteuid() == 0:
+                null = os.path.join(tmp, "null")
+                os.mknod(null, 0o666 | stat.S_IFCHR, os.makedev(1, 3))
+                simulate(*self.ARGS, "--html", null)
+                self.assertTrue(stat.S_ISCHR(os.lstat(null).st_mode), "the device was replaced")
+                full = os.path.join(tmp, "full")
+                os.mknod(full, 0o666 | stat.S_IFCHR, os.makedev(1, 7))
+                p = simulate(*self.ARGS, "--html", full, check=False)
+                self.assertEqual(p.returncode, 1, p.stderr)
+                self.assertIn("No space left on device", p.stderr)
+                self.assertTrue(stat.S_ISCHR(os.lstat(full).st_mode), "the device was replaced")
+
+    def test_report_to_a_full_or_closed_stdout(self):
+        """A report that cannot be written is an error (exit 1), never a silent 0."""
+        for args in ([], ["--json"], ["--sweep", "limit=1..3"]):
+            with self.subTest(args=args), open("/dev/full", "w") as full:
+                p = subprocess.run([SLOTCTL, "simulate", *self.ARGS, *args], stdout=full, stderr=subprocess.PIPE,
+                                   text=True)
+                self.assertEqual(p.returncode, 1, p.stderr)
+                self.assertIn("No space left on device", p.stderr)
+        p = subprocess.run([SLOTCTL, "simulate", *self.ARGS], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                           text=True, pass_fds=(), preexec_fn=lambda: os.close(1))
+        self.assertEqual(p.returncode, 1, p.stderr)
 
 
 class Cli(unittest.TestCase):
