@@ -631,14 +631,20 @@ int sim_run(const Scenario *s, const BrokerConfig *c, const SimOptions *o, SimRe
         arrival_cursor_init(&cursor, s);
         for (;;) {
                 /* The end: all arrivals and drains done, nobody waiting, no hold left that will end. */
-                if (arrival_cursor_peek(&cursor) == SIM_FOREVER && sim.next_drain >= s->n_drains &&
-                    sim.next_reservation >= s->n_reservations && sim.next_quarantine >= s->n_quarantines &&
-                    sim.next_reload >= s->n_reloads &&
-                    sim.waiting == 0 && sim.n_ending == 0)
-                        break;
-                uint64_t next = sim_next_instant(&sim, &cursor, started, t);
+                bool end = arrival_cursor_peek(&cursor) == SIM_FOREVER && sim.next_drain >= s->n_drains &&
+                           sim.next_reservation >= s->n_reservations && sim.next_quarantine >= s->n_quarantines &&
+                           sim.next_reload >= s->n_reloads && sim.waiting == 0 && sim.n_ending == 0;
+                uint64_t next = end ? SIM_FOREVER : sim_next_instant(&sim, &cursor, started, t);
+                /* An instant settles when the next one is later: a lease that ends at its own instant (max-hold,
+                 * a hold of 0) takes a second pass, whose waiters granted are no longer waiting at its end. */
+                if (started && next != t) {
+                        r = peak_queue_observe(&sim.result->peaks, t,
+                                               (uint32_t) MIN(sim.waiting, (uint64_t) UINT32_MAX));
+                        if (r < 0)
+                                goto finish;
+                }
                 if (next == SIM_FOREVER || next > UINT64_MAX / USEC_PER_MSEC)
-                        break; /* waiters that nothing will ever serve or refuse */
+                        break; /* the end, or waiters that nothing will ever serve or refuse */
                 t = next;
                 started = true;
                 usec_t now = t * USEC_PER_MSEC;
@@ -680,10 +686,6 @@ int sim_run(const Scenario *s, const BrokerConfig *c, const SimOptions *o, SimRe
                         if (r < 0)
                                 goto finish;
                 }
-
-                r = peak_queue_observe(&sim.result->peaks, t, (uint32_t) MIN(sim.waiting, (uint64_t) UINT32_MAX));
-                if (r < 0)
-                        goto finish;
         }
 
         SimResult *res = sim.result;

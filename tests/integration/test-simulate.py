@@ -90,6 +90,31 @@ class ReferenceFigures(unittest.TestCase):
         self.assertEqual(r["peakQueueBySecond"][-1], 9)
 
 
+    def test_peak_queue_counts_an_instant_once_settled(self):
+        """A lease that max-hold revokes, or a hold of 0, ends in a second pass of its instant, which hands its
+        slot to a waiter: the instant settles with nobody waiting, and that is what its second counts."""
+        cases = [
+            # A holds from 0 until max-hold revokes it at 1 s; B waits from 0.5 s and is granted at 1 s.
+            ({"pool": {"limit": 1}, "lanes": {"l": {"pools": ["default"], "max-hold": "1s"}},
+              "requests": [{"name": "A", "at": "0s", "hold": "forever"},
+                           {"name": "B", "at": "500ms", "hold": "1500ms"}]},
+             [1, 0, 0]),
+            # A at 1 s holds 0 ms; B arrives at the same instant, queues behind it and is granted then.
+            ({"pool": {"limit": 1},
+              "requests": [{"name": "A", "at": "1s", "hold": "0"}, {"name": "B", "at": "1s", "hold": "1s"}]},
+             [0, 0, 0]),
+        ]
+        with tempfile.TemporaryDirectory() as tmp:
+            for i, (scenario, peaks) in enumerate(cases):
+                path = os.path.join(tmp, f"{i}.json")
+                with open(path, "w") as f:
+                    json.dump(scenario, f)
+                with self.subTest(scenario=scenario):
+                    r = simulate_json("--scenario", path)
+                    self.assertEqual(r["granted"], 2)
+                    self.assertEqual(r["peakQueueBySecond"], peaks)
+
+
 class WorkedExamples(unittest.TestCase):
     """SPEC §3.1, Q = 5m (fast 15 s, saturated budget 30 s), limit 2."""
 
