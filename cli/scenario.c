@@ -4,6 +4,7 @@
 #include <inttypes.h>
 #include <jansson.h>
 #include <stdarg.h>
+#include <stddef.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -415,51 +416,68 @@ static int compare_request_order(const void *a, const void *b, void *userdata) {
         return x < y ? -1 : x > y; /* file order within an instant */
 }
 
-/* By time, file order within an instant: a stable insertion sort (drains are few; qsort() is not stable). */
-static void sort_drains(ScenarioDrain *d, size_t n) {
-        for (size_t i = 1; i < n; i++) {
-                ScenarioDrain x = d[i];
-                size_t k = i;
-                for (; k > 0 && d[k - 1].at_ms > x.at_ms; k--)
-                        d[k] = d[k - 1];
-                d[k] = x;
-        }
+typedef struct SortByAt {
+        const char *base;
+        size_t size, at_offset;
+} SortByAt;
+
+static int compare_by_at(const void *a, const void *b, void *userdata) {
+        const SortByAt *sort = userdata;
+        size_t x = *(const size_t *) a, y = *(const size_t *) b;
+        uint64_t tx, ty;
+
+        memcpy(&tx, sort->base + x * sort->size + sort->at_offset, sizeof tx);
+        memcpy(&ty, sort->base + y * sort->size + sort->at_offset, sizeof ty);
+        if (tx != ty)
+                return tx < ty ? -1 : 1;
+        return x < y ? -1 : x > y; /* file order within an instant */
 }
 
-static void sort_reservations(ScenarioReservation *d, size_t n) {
-        for (size_t i = 1; i < n; i++) {
-                ScenarioReservation x = d[i];
-                size_t k = i;
-                for (; k > 0 && d[k - 1].at_ms > x.at_ms; k--)
-                        d[k] = d[k - 1];
-                d[k] = x;
-        }
+/* Sorts n elements of `size` bytes by the uint64_t at `at_offset` in each, file order within an instant: qsort()
+ * is not stable, so it sorts their indices, the index breaking ties. O(n log n) whatever the file's order (an
+ * insertion sort took minutes for 100,000 drains given backwards). */
+static int sort_by_at(void *base, size_t n, size_t size, size_t at_offset) {
+        if (n < 2)
+                return 0;
+        _cleanup_free_ size_t *order = reallocarray(NULL, n, sizeof(size_t));
+        _cleanup_free_ char *copy = reallocarray(NULL, n, size);
+        if (!order || !copy)
+                return -ENOMEM;
+        for (size_t i = 0; i < n; i++)
+                order[i] = i;
+        qsort_r(order, n, sizeof(size_t), compare_by_at, &(SortByAt) { .base = base, .size = size, .at_offset = at_offset });
+        memcpy(copy, base, n * size);
+        for (size_t i = 0; i < n; i++)
+                memcpy((char *) base + i * size, copy + order[i] * size, size);
+        return 0;
 }
 
-/* The cancels in request_order, stably sorted by when they come (few: an insertion sort). */
+static int compare_cancel_order(const void *a, const void *b, void *userdata) {
+        const Scenario *s = userdata;
+        uint64_t cx = scenario_request_cancel_at(&s->requests[*(const size_t *) a]),
+                 cy = scenario_request_cancel_at(&s->requests[*(const size_t *) b]);
+
+        if (cx != cy)
+                return cx < cy ? -1 : 1;
+        return compare_request_order(a, b, userdata); /* in request_order within an instant */
+}
+
+/* The explicit requests with a cancel, by when it comes, in request_order within an instant. */
 static int order_cancels(Scenario *s) {
         s->cancel_order = mfree(s->cancel_order);
         s->n_cancels = 0;
-        for (size_t i = 0; i < s->n_requests; i++)
-                if (s->requests[i].cancel_ms != SIM_FOREVER) {
-                        if (!s->cancel_order) {
-                                s->cancel_order = calloc(s->n_requests, sizeof(size_t));
-                                if (!s->cancel_order)
-                                        return -ENOMEM;
-                        }
-                        break;
-                }
-        for (size_t i = 0; s->cancel_order && i < s->n_requests; i++) {
-                size_t x = s->request_order[i], k = s->n_cancels++;
-                if (s->requests[x].cancel_ms == SIM_FOREVER) {
-                        s->n_cancels--;
+        for (size_t i = 0; i < s->n_requests; i++) {
+                if (s->requests[i].cancel_ms == SIM_FOREVER)
                         continue;
+                if (!s->cancel_order) {
+                        s->cancel_order = calloc(s->n_requests, sizeof(size_t));
+                        if (!s->cancel_order)
+                                return -ENOMEM;
                 }
-                uint64_t at = scenario_request_cancel_at(&s->requests[x]);
-                for (; k > 0 && scenario_request_cancel_at(&s->requests[s->cancel_order[k - 1]]) > at; k--)
-                        s->cancel_order[k] = s->cancel_order[k - 1];
-                s->cancel_order[k] = x;
+                s->cancel_order[s->n_cancels++] = i;
         }
+        if (s->n_cancels > 1)
+                qsort_r(s->cancel_order, s->n_cancels, sizeof(size_t), compare_cancel_order, s);
         return 0;
 }
 
@@ -517,12 +535,16 @@ int scenario_finish(Scenario *s, char **error) {
                         s->request_order[i] = i;
                 qsort_r(s->request_order, s->n_requests, sizeof(size_t), compare_request_order, s);
         }
-        sort_drains(s->drains, s->n_drains);
         if (s->n_reservations > ARRIVALS_MAX - total - s->n_requests)
                 return scenario_error(error, "%s: too many reservations", s->origin);
-        sort_reservations(s->reservations, s->n_reservations);
-        sort_drains(s->quarantines, s->n_quarantines);
-        r = order_cancels(s);
+        r = sort_by_at(s->drains, s->n_drains, sizeof(ScenarioDrain), offsetof(ScenarioDrain, at_ms));
+        if (r >= 0)
+                r = sort_by_at(s->reservations, s->n_reservations, sizeof(ScenarioReservation),
+                               offsetof(ScenarioReservation, at_ms));
+        if (r >= 0)
+                r = sort_by_at(s->quarantines, s->n_quarantines, sizeof(ScenarioDrain), offsetof(ScenarioDrain, at_ms));
+        if (r >= 0)
+                r = order_cancels(s);
         if (r < 0)
                 return r;
 
