@@ -954,21 +954,26 @@ static void defs(FILE *f) {
 }
 
 int report_html_write(const Report *r, const ReportHtmlOptions *o, FILE *f) {
-        char a[TIME_MAX], b[TIME_MAX], z[TIME_MAX];
+        char a[TIME_MAX], b[TIME_MAX], z[TIME_MAX], d[CLI_DURATION_MAX];
 
         format_time(a, r->since, "%Y-%m-%d %H:%M:%S");
         format_time(b, r->until, "%Y-%m-%d %H:%M:%S");
         format_time(z, r->since, "%Z");
+        /* A virtual clock has no date nor zone: its run as 1970 in local time made the page differ with TZ. */
+        char title[2 * TIME_MAX + CLI_DURATION_MAX + 32];
+        if (r->virtual_clock)
+                snprintf(title, sizeof title, "a simulated run of %s", duration(d, r->until - r->since));
+        else
+                snprintf(title, sizeof title, "%s to %s", a, b);
         fprintf(f, "<!DOCTYPE html>\n<html lang=\"en\"><head><meta charset=\"utf-8\">"
                    "<meta name=\"viewport\" content=\"width=device-width,initial-scale=1\">"
-                   "<title>slotbroker report, %s to %s</title><style>%s</style></head>\n<body>\n",
-                a, b, css);
+                   "<title>slotbroker report, %s</title><style>%s</style></head>\n<body>\n",
+                title, css);
         defs(f);
-        if (r->virtual_clock) {
-                char d[CLI_DURATION_MAX];
+        if (r->virtual_clock)
                 fprintf(f, "<h1>Slot usage report</h1>\n<p class=\"range\">A simulated run of %s",
                         duration(d, r->until - r->since));
-        } else
+        else
                 fprintf(f, "<h1>Slot usage report</h1>\n<p class=\"range\">From <time>%s</time> to <time>%s</time> (%s)", a,
                         b, z);
         if (o && o->source) {

@@ -433,6 +433,22 @@ class Output(unittest.TestCase):
                 self.assertIn("No space left on device", p.stderr)
                 self.assertTrue(stat.S_ISCHR(os.lstat(full).st_mode), "the device was replaced")
 
+    def test_same_output_whatever_the_locale_and_zone(self):
+        """The virtual clock has no time zone: the report and the page are the same bytes under any TZ and
+        locale (the page's title once gave the run's start as a 1970 date in local time)."""
+        with tempfile.TemporaryDirectory() as tmp:
+            runs = []
+            for i, env in enumerate([{"TZ": "UTC", "LC_ALL": "C"}, {"TZ": "Asia/Tokyo", "LC_ALL": "de_DE.UTF-8"},
+                                     {"TZ": "America/New_York", "LANG": "fr_FR.UTF-8"}]):
+                page = os.path.join(tmp, f"{i}.html")
+                p = subprocess.run([SLOTCTL, "simulate", *self.ARGS, "--per-request", "--html", page],
+                                   env={**os.environ, **env}, capture_output=True, check=True)
+                with open(page, "rb") as f:
+                    runs.append((p.stdout, f.read()))
+            for run in runs[1:]:
+                self.assertEqual(run[0], runs[0][0])
+                self.assertEqual(run[1], runs[0][1])
+
     def test_report_to_a_full_or_closed_stdout(self):
         """A report that cannot be written is an error (exit 1), never a silent 0."""
         for args in ([], ["--json"], ["--sweep", "limit=1..3"]):
