@@ -443,10 +443,14 @@ static int run(void) {
                 options.config_key = arg_sweep_key;
                 options.config_value = arg_sweep_key ? value : NULL;
                 r = sim_run(s, configs[i], &options, &result);
-                if (r == -E2BIG) {
-                        log_error("the simulation runs past " SIM_SPAN_MAX_TEXT " of virtual time, the most it covers "
-                                  "(holds, arrivals and waits add up): shorten them");
-                        ret = EXIT_USAGE;
+                if (r == -E2BIG || r == -ENOBUFS) {
+                        _cleanup_free_ char *text = sim_bound_text(r);
+                        if (!text)
+                                log_error_errno(-ENOMEM, "Failed to simulate: %m");
+                        else {
+                                log_error("%s", text);
+                                ret = EXIT_USAGE;
+                        }
                         goto finish;
                 }
                 if (r < 0) {

@@ -230,7 +230,8 @@ static int sim_handle_event(Sim *sim, const EngineEvent *ev) {
 
         switch (ev->type) {
         case ENGINE_EVENT_QUEUED:
-                sim->waiting++;
+                if (++sim->waiting > SIM_WAITING_MAX)
+                        return -ENOBUFS;
                 rec = sim_record(sim, id);
                 record_queue_facts(rec, sim->scenario, ev);
                 if (rec)
@@ -304,6 +305,19 @@ static int sim_handle_event(Sim *sim, const EngineEvent *ev) {
         default:
                 return 0;
         }
+}
+
+/* The events of the engine calls so far, in order. */
+static int sim_handle_events(Sim *sim) {
+        EngineEvent ev;
+        int r;
+
+        while (engine_pop_event(sim->engine, &ev)) {
+                r = sim_handle_event(sim, &ev);
+                if (r < 0)
+                        return r;
+        }
+        return 0;
 }
 
 /* The scenario's drains of instant t, in file order (SPEC §3.6: as `slotctl drain`/`undrain`). */
@@ -571,7 +585,6 @@ SimResult *sim_result_free(SimResult *r) {
 int sim_run(const Scenario *s, const BrokerConfig *c, const SimOptions *o, SimResult **ret) {
         ArrivalCursor cursor;
         Arrival a;
-        EngineEvent ev;
         uint64_t t = 0;
         bool started = false;
         int r;
@@ -671,21 +684,23 @@ int sim_run(const Scenario *s, const BrokerConfig *c, const SimOptions *o, SimRe
                 r = sim_reserve(&sim, t);
                 if (r < 0)
                         goto finish;
-                /* (2) arrivals in generated order, */
+                /* (2) arrivals in generated order, the events of each handled as it comes: an instant of a
+                 * million arrivals keeps no million events, and stops at SIM_WAITING_MAX waiters, */
                 while (arrival_cursor_peek(&cursor) == t) {
                         arrival_cursor_next(&cursor, &a);
                         r = sim_arrive(&sim, &a);
+                        if (r < 0)
+                                goto finish;
+                        r = sim_handle_events(&sim);
                         if (r < 0)
                                 goto finish;
                 }
                 /* (3) freed slots go to waiters, (4) budgets that end now refuse. */
                 engine_run(sim.engine, now);
                 sim_quiesce(&sim);
-                while (engine_pop_event(sim.engine, &ev)) {
-                        r = sim_handle_event(&sim, &ev);
-                        if (r < 0)
-                                goto finish;
-                }
+                r = sim_handle_events(&sim);
+                if (r < 0)
+                        goto finish;
         }
 
         SimResult *res = sim.result;
@@ -703,6 +718,19 @@ int sim_run(const Scenario *s, const BrokerConfig *c, const SimOptions *o, SimRe
 finish:
         sim_done(&sim);
         return r;
+}
+
+char *sim_bound_text(int r) {
+        char *m = NULL;
+
+        if (r == -E2BIG)
+                return strdup("the simulation runs past " SIM_SPAN_MAX_TEXT " of virtual time, the most it covers "
+                              "(holds, arrivals and waits add up): shorten them");
+        if (r == -ENOBUFS && asprintf(&m, "more than %" PRIu64 " requests wait at once, more than any brokerd keeps "
+                                          "(max-connections=): set max-queue= or make fewer arrive",
+                                      SIM_WAITING_MAX) < 0)
+                return NULL;
+        return m;
 }
 
 /* ---- reports ---- */

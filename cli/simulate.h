@@ -96,9 +96,18 @@ typedef struct SimOptions {
         const char *config_key, *config_value;
 } SimOptions;
 
+/* The most requests waiting at once in a run: no brokerd keeps more (max-connections= and the per-uid limits
+ * stop at CONF_CONNECTIONS_MAX), and each costs memory. */
+#define SIM_WAITING_MAX ((uint64_t) CONF_CONNECTIONS_MAX)
+
 /* Runs a finished scenario against a validated config. Returns 0 or negative errno (-ENOMEM, -E2BIG when
- * the run goes on past SIM_SPAN_MAX_MS of virtual time, or what the engine returned). */
+ * the run goes on past SIM_SPAN_MAX_MS of virtual time, -ENOBUFS when more than SIM_WAITING_MAX wait at once,
+ * or what the engine returned). */
 int sim_run(const Scenario *s, const BrokerConfig *c, const SimOptions *o, SimResult **ret);
+
+/* What a bound that sim_run() met (-E2BIG, -ENOBUFS) means to the person who gave the scenario, allocated;
+ * NULL for any other error, or out of memory. */
+char *sim_bound_text(int r);
 
 /* The seeded random source handed to the engine. */
 uint64_t sim_splitmix64(void *state);

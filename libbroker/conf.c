@@ -37,7 +37,6 @@
 #define DEFAULT_MAX_OUTPUT_PER_CONNECTION ((size_t) 1024 * 1024)
 #define DEFAULT_LANE_POLICY LANE_POLICY_WAIT
 
-#define CONNECTIONS_MAX 1048576U
 #define DURATION_HINT "a time span such as 500ms, 30s, 5min, 1h 30min"
 
 #define new0(t) ((t *) calloc(1, sizeof(t)))
@@ -1303,20 +1302,20 @@ static const ConfKey broker_keys[] = {
         { "exit-idle-after", set_duration, offsetof(BrokerConfig, exit_idle_after), .min = USEC_PER_MSEC,
           .max = USEC_INFINITY, .def = USEC_INFINITY },
         { "node-name", set_word, offsetof(BrokerConfig, node_name), .max = 255 },
-        { "max-connections", set_unsigned, offsetof(BrokerConfig, max_connections), .min = 1, .max = CONNECTIONS_MAX,
+        { "max-connections", set_unsigned, offsetof(BrokerConfig, max_connections), .min = 1, .max = CONF_CONNECTIONS_MAX,
           .def = DEFAULT_MAX_CONNECTIONS },
         { "max-connections-per-uid", set_unsigned, offsetof(BrokerConfig, max_connections_per_uid), .min = 1,
-          .max = CONNECTIONS_MAX, .def = DEFAULT_MAX_CONNECTIONS_PER_UID },
+          .max = CONF_CONNECTIONS_MAX, .def = DEFAULT_MAX_CONNECTIONS_PER_UID },
         { "max-waiters-per-uid", set_unsigned, offsetof(BrokerConfig, max_waiters_per_uid), .min = 0,
-          .max = CONNECTIONS_MAX, .def = DEFAULT_MAX_WAITERS_PER_UID },
+          .max = CONF_CONNECTIONS_MAX, .def = DEFAULT_MAX_WAITERS_PER_UID },
         { "max-closing-fds-per-uid", set_unsigned, offsetof(BrokerConfig, max_closing_fds_per_uid), .min = 1,
-          .max = CONNECTIONS_MAX, .def = DEFAULT_MAX_CLOSING_FDS_PER_UID },
-        { "max-closing-fds", set_unsigned, offsetof(BrokerConfig, max_closing_fds), .min = 1, .max = CONNECTIONS_MAX,
+          .max = CONF_CONNECTIONS_MAX, .def = DEFAULT_MAX_CLOSING_FDS_PER_UID },
+        { "max-closing-fds", set_unsigned, offsetof(BrokerConfig, max_closing_fds), .min = 1, .max = CONF_CONNECTIONS_MAX,
           .def = DEFAULT_MAX_CLOSING_FDS },
         { "max-acquire-rate-per-uid", set_rate, offsetof(BrokerConfig, max_acquire_rate_per_uid),
           .max = ACQUIRE_RATE_MAX, .def = DEFAULT_MAX_ACQUIRE_RATE_PER_UID },
         { "max-acquire-burst-per-uid", set_unsigned, offsetof(BrokerConfig, max_acquire_burst_per_uid), .min = 1,
-          .max = CONNECTIONS_MAX, .def = DEFAULT_MAX_ACQUIRE_BURST_PER_UID },
+          .max = CONF_CONNECTIONS_MAX, .def = DEFAULT_MAX_ACQUIRE_BURST_PER_UID },
         { "max-acquire-rate", set_rate, offsetof(BrokerConfig, max_acquire_rate), .max = ACQUIRE_RATE_MAX,
           .def = DEFAULT_MAX_ACQUIRE_RATE },
         { "max-message-size", set_bytes, offsetof(BrokerConfig, max_message_size), .min = 1024,

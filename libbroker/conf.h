@@ -188,6 +188,7 @@ typedef struct ConfErrors {
 #define CONF_ERRORS_MAX 1000
 #define CONF_NAME_MAX 64              /* pool, lane and member names: [A-Za-z0-9._-]{1,64} */
 #define CONF_LIMIT_MAX 1000000U       /* slots per pool */
+#define CONF_CONNECTIONS_MAX 1048576U /* max-connections= and the per-uid limits: no brokerd keeps more waiters */
 #define CONF_SECTIONS_MAX 4096        /* pools, and lanes, per configuration */
 #define CONF_NODE_TTL_DEFAULT (30 * USEC_PER_SEC)
 #define CONF_COOLDOWN_MAX (24 * USEC_PER_HOUR) /* cooldown=: a rest longer than a day is a typo */

@@ -339,6 +339,29 @@ class BadInput(unittest.TestCase):
                     self.expect_usage_error(["--scenario", path], f"bad-{i}.json")
                     self.expect_usage_error(["--scenario", path], culprit)
 
+    def test_an_instant_of_many_arrivals_in_bounded_memory(self):
+        """3,000,000 arrivals in one millisecond, all but 11 refused full: each one's events are handled as
+        it comes (they piled up until the instant ended: 755 MB and 16 s, against 2 MB spread over a second)."""
+        measure = ("import resource, subprocess, sys\n"
+                   "p = subprocess.run(sys.argv[1:], capture_output=True, text=True)\n"
+                   "print(p.returncode, resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss, p.stdout)")
+        p = subprocess.run([sys.executable, "-c", measure, SLOTCTL, "simulate", "--limit", "1", "--max-queue", "10",
+                            "--hold", "1s", "--arrivals", "3000000000/s:1ms", "--json"],
+                           capture_output=True, text=True, timeout=120, check=True)
+        code, maxrss_kib, out = p.stdout.split(" ", 2)
+        self.assertEqual(int(code), 0)
+        r = json.loads(out)
+        self.assertEqual((r["requests"], r["granted"], r["refused"]["full"]), (3000000, 11, 2999989))
+        self.assertLess(int(maxrss_kib), 100 * 1024)
+
+    def test_waiting_is_bounded(self):
+        """No brokerd keeps more waiters than max-connections= allows (1048576 at most): a run that would is
+        refused, rather than growing memory with every waiter (2,000,000 in one instant here)."""
+        p = simulate("--limit", "1", "--hold", "1s", "--arrivals", "2000000000/s:1ms", check=False)
+        self.assertEqual(p.returncode, 64, p.stderr)
+        self.assertEqual(p.stdout, "")
+        self.assertIn("more than 1048576 requests wait at once", p.stderr)
+
     def test_virtual_time_is_bounded(self):
         """The report keeps the queue's peak of every simulated second: a run covers at most 366 days, and
         what would take it further is refused (it once grew memory for ever: --arrivals 1/s:100y)."""
