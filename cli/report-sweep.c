@@ -65,6 +65,15 @@ int report_sweep_pool(const char *history, ReportPool *p, unsigned from, unsigne
                 }
                 if (k >= 0)
                         k = sim_run(s, c, &(SimOptions) { .seed = 1 }, &res);
+                if (k == -E2BIG || k == -ENOBUFS) {
+                        /* A bound of the simulator, which the page says as it says why a pool cannot be modelled. */
+                        _cleanup_free_ char *text = sim_bound_text(k);
+                        if (!text || asprintf(&p->sweep_error, "limit=%u: %s", limit, text) < 0)
+                                return -ENOMEM;
+                        p->sweep = mfree(p->sweep);
+                        p->n_sweep = 0;
+                        return 0;
+                }
                 if (k < 0)
                         return k;
                 ReportSweepPoint *pt = &p->sweep[p->n_sweep++];

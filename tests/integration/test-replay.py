@@ -165,6 +165,26 @@ class Replay(unittest.TestCase):
         self.assertNotIn("the most slots held at once", p.stderr)
         self.assertIn("merge (fail-fast)", p.stderr)
 
+    def test_a_replay_past_the_simulators_bounds(self):
+        """Two leases held 200 days at once: at limit 1 the second waits 200 days and holds 200 more, past the
+        366 days a run covers. simulate says so (exit 64); report --replay-sweep says so on the page, as for a
+        pool it cannot model, instead of failing the whole report with "Argument list too long"."""
+        h = History(self.path)
+        for _ in range(2):
+            h.grant(0, "grid", "w", 200 * 86400 * S)
+        h.close()
+        p = simulate("--replay", self.path, "--sweep", "limit=1..2", check=False)
+        self.assertEqual(p.returncode, 64, p.stderr)
+        self.assertIn("runs past 366d of virtual time", p.stderr)
+
+        page = os.path.join(self.dir.name, "report.html")
+        p = subprocess.run([SLOTCTL, "report", "--history", self.path, "-o", page, "--replay-sweep", "limit=1..2"],
+                           capture_output=True, text=True, timeout=60)
+        self.assertEqual(p.returncode, 0, p.stderr)
+        with open(page) as f:
+            text = f.read()
+        self.assertIn("could not be replayed: limit=1: the simulation runs past 366d of virtual time", text)
+
     def test_arrival_is_time_minus_wait_and_refused_borrow_the_median_hold(self):
         # Pool rig, limit 1, Q = 2 s, lane nightly waits. A arrives at 0 and holds 5 s. B arrives at 1 s,
         # waits its 2 s budget and is refused at 3 s (recorded at 3 s with wait 2 s). C arrives at 5.5 s
