@@ -8,6 +8,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 
 #include "scenario.h"
 #include "selector.h"
@@ -1867,7 +1868,19 @@ int scenario_load_file(const char *path, char **error, Scenario **ret) {
 
         assert_return(path && error && ret, -EINVAL);
 
-        json_t *root = json_load_file(path, JSON_REJECT_DUPLICATES, &jerr);
+        /* json_load_file() reads a directory as an empty file: "invalid JSON … near end of file". */
+        FILE *f = fopen(path, "re");
+        if (!f)
+                return scenario_error(error, "%s: %s", path, strerror(errno));
+        struct stat st;
+        int e = fstat(fileno(f), &st) < 0 ? errno : S_ISDIR(st.st_mode) ? EISDIR : 0;
+        if (e != 0) {
+                fclose(f);
+                return scenario_error(error, "%s: %s", path, strerror(e));
+        }
+
+        json_t *root = json_loadf(f, JSON_REJECT_DUPLICATES, &jerr);
+        fclose(f);
         int r = scenario_load(root, &jerr, path, error, ret);
         json_decref(root);
         return r;

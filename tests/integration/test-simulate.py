@@ -297,6 +297,7 @@ class BadInput(unittest.TestCase):
             (["--limit", "6", "--hold", "1s", "--arrivals", "4/s:1s", "--seed", "x"], "--seed"),
             (["--limit", "6", "--hold", "1s", "--arrivals", "4/s:1s", "stray"], "stray"),
             (["--scenario", "/nonexistent/scenario.json"], "/nonexistent/scenario.json"),
+            (["--scenario", SCENARIOS], f"{SCENARIOS}: Is a directory"),
             (["--scenario", os.path.join(SCENARIOS, "jammed.json"), "--limit", "3"], "--limit"),
         ]
         for args, culprit in cases:
