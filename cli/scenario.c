@@ -872,6 +872,8 @@ static const KeyRule pool_keys[] = {
         { "quarantine-exit-codes", VALUE_INTEGER_LIST }, /* [3, 4] or "3 4" */
         { "quarantine-after", VALUE_INTEGER },
         { "backend", VALUE_STRING },
+        { "admin-users", VALUE_STRING_LIST },
+        { "admin-groups", VALUE_STRING_LIST },
 };
 
 /* label.NAME (SPEC §3.5): any name, which conf_set() judges. */

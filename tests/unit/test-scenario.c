@@ -12,6 +12,7 @@
 #include <cmocka.h>
 
 #include "scenario.h"
+#include "strv.h"
 
 static void test_rate_parsing(void **state) {
         Rate r;
@@ -229,6 +230,20 @@ static void test_scenario_keys_become_config_settings(void **state) {
         assert_int_equal(conf_find_pool(c, "grid")->max_queue, 7);
         assert_int_equal(conf_find_pool(c, "rigs")->max_queue, 7);
         assert_null(error);
+}
+
+/* A pool's admin-users= and admin-groups= (SPEC §3.6) are brokerd.conf keys too: a configuration copied into a
+ * scenario keeps them rather than failing on "unknown key". */
+static void test_pool_admin_keys(void **state) {
+        _cleanup_(scenario_freep) Scenario *s = load(
+                "{\"pool\": {\"members\": [\"a\"], \"admin-users\": [\"root\", \"1000\"], \"admin-groups\": [\"0\"]}}");
+        _cleanup_(conf_freep) BrokerConfig *c = NULL;
+        char *error = NULL;
+
+        assert_int_equal(scenario_build_config(s, NULL, NULL, &error, &c), 0);
+        const PoolConfig *p = conf_find_pool(c, "default");
+        assert_int_equal(strv_length(p->admin_users), 2);
+        assert_string_equal(p->admin_groups[0], "0");
 }
 
 /* An integer key takes what brokerd.conf takes for it, spelled as a string too: max-queue = infinity. */
@@ -594,6 +609,7 @@ int main(void) {
                 cmocka_unit_test(test_quiet_phase_shifts_the_next),
                 cmocka_unit_test(test_generated_arrivals_come_before_explicit_ones),
                 cmocka_unit_test(test_scenario_keys_become_config_settings),
+                cmocka_unit_test(test_pool_admin_keys),
                 cmocka_unit_test(test_integer_keys_take_the_config_spellings),
                 cmocka_unit_test(test_exit_statuses_and_drains),
                 cmocka_unit_test(test_reservations),
