@@ -446,7 +446,8 @@ static int sort_by_at(void *base, size_t n, size_t size, size_t at_offset) {
                 return -ENOMEM;
         for (size_t i = 0; i < n; i++)
                 order[i] = i;
-        qsort_r(order, n, sizeof(size_t), compare_by_at, &(SortByAt) { .base = base, .size = size, .at_offset = at_offset });
+        qsort_r(order, n, sizeof(size_t), compare_by_at,
+                &(SortByAt) { .base = base, .size = size, .at_offset = at_offset });
         memcpy(copy, base, n * size);
         for (size_t i = 0; i < n; i++)
                 memcpy((char *) base + i * size, copy + order[i] * size, size);
