@@ -234,7 +234,6 @@ static int conf_source_copy(ConfSource *dst, const ConfSource *src) {
         return 0;
 }
 
-
 int conf_errors_add(ConfErrors *errors, const ConfSource *source, const char *key, const char *format, ...) {
         ConfError e = {};
         va_list ap;

@@ -1760,7 +1760,7 @@ int engine_acquire(Engine *e, const EngineAcquire *a, usec_t now, EngineRequest 
                         request_free(r);
                         return cap;
                 }
-                if (a->slots > MIN((unsigned) cap, engine_lane_most(lane, p)))
+                if (a->slots > MIN((unsigned) cap, lane->most ? lane->most[i] : p->limit))
                         continue;
                 fits = p;
                 if (!p->drained) {
