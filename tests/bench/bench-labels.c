@@ -5,6 +5,12 @@
  * reference: the ratio of the two is the cost of matching per member.
  *
  *   bench-labels [WAITERS [RELEASES]]        (defaults 10000 and 5000)
+ *   bench-labels arrivals [ARRIVALS]         (default 1000)
+ *
+ * The second: arrivals at a pool of 10,000 members, one label on 5,000 of them (the review's pool: a selector
+ * was resolved member by member against the label's list, per arrival). Each arrival asks for a label, its
+ * negation, or a named member carrying it, is granted at once and released; acquire + grant is timed. The
+ * same arrivals without labels are the reference, in the same run.
  *
  * The engine alone, on a fake clock: no sockets, no brokerd (bench-waiters measures those). */
 #include <errno.h>
@@ -166,10 +172,107 @@ static void run(bool labelled, size_t n_waiters, size_t n_releases) {
                 free(members[i]);
 }
 
+#define BIG_MEMBERS 10000
+
+/* ARRIVALS arrivals one after the other at the big pool (labelled: a selector each, or none), each granted and
+ * released at once. Prints p50/p99/max and the total of acquire + grant, in µs. */
+static void run_arrivals(bool labelled, size_t n_arrivals) {
+        BrokerConfig c = {};
+        PoolConfig pool = { .name = (char *) "fleet", .limit = BIG_MEMBERS, .n_members = BIG_MEMBERS, .max_queue = -1 };
+        char **members = calloc(BIG_MEMBERS + 1, sizeof(char *)), **half = calloc(BIG_MEMBERS / 2 + 1, sizeof(char *));
+        if (!members || !half)
+                exit(EXIT_FAILURE);
+        for (size_t i = 0; i < BIG_MEMBERS; i++)
+                if (asprintf(&members[i], "host-%05zu", i) < 0)
+                        exit(EXIT_FAILURE);
+        /* Every other member, listed from the end: the order of a label's list is not the members'. */
+        for (size_t i = 0; i < BIG_MEMBERS / 2; i++)
+                half[i] = members[BIG_MEMBERS - 1 - 2 * i];
+        PoolLabel labels[] = { { .name = (char *) "half", .members = half } };
+        pool.members = members;
+        pool.labels = labels;
+        pool.n_labels = 1;
+        PoolConfig *pools[] = { &pool };
+        LaneConfig lane = { .name = (char *) "l", .pools = (char *[]) { (char *) "fleet", NULL }, .n_pools = 1,
+                            .policy = LANE_POLICY_WAIT, .max_in_use = -1, .max_hold = USEC_INFINITY };
+        LaneConfig *lanes[] = { &lane };
+        c.pools = pools;
+        c.n_pools = 1;
+        c.lanes = lanes;
+        c.n_lanes = 1;
+
+        Engine *e;
+        if (engine_new(engine_random, NULL, &e) < 0 || engine_configure(e, &c, 0) < 0) {
+                fprintf(stderr, "engine set-up failed\n");
+                exit(EXIT_FAILURE);
+        }
+        uint64_t *lat = calloc(MAX(n_arrivals, (size_t) 1), sizeof(uint64_t)), total = 0;
+        if (!lat)
+                exit(EXIT_FAILURE);
+        usec_t now = 1;
+        size_t granted = 0;
+        for (size_t i = 0; i < n_arrivals; i++) {
+                static const char *const with[] = { "half", NULL }, *const without[] = { "!half", NULL };
+                const char *const *terms = NULL, *member = NULL;
+                if (labelled)
+                        switch (i % 3) {
+                        case 0: terms = with; break;
+                        case 1: terms = without; break;
+                        default: terms = with; member = half[rnd() % (BIG_MEMBERS / 2)]; break;
+                        }
+                EngineRequest *request = NULL;
+                EngineLease *lease = NULL;
+                EngineEvent ev;
+                now += 1000;
+                uint64_t t0 = bench_now_ns();
+                int r = engine_acquire(e,
+                                       &(EngineAcquire) { .lane = "l", .slots = 1, .max_wait = USEC_INFINITY,
+                                                          .labels = terms, .member = member },
+                                       now, &request);
+                if (r >= 0)
+                        engine_run(e, now);
+                lat[i] = bench_now_ns() - t0;
+                total += lat[i];
+                if (r < 0) {
+                        fprintf(stderr, "acquire: %s\n", strerror(-r));
+                        exit(EXIT_FAILURE);
+                }
+                while (engine_pop_event(e, &ev))
+                        if (ev.type == ENGINE_EVENT_GRANTED) {
+                                lease = ev.lease;
+                                granted++;
+                        }
+                if (lease)
+                        engine_lease_release(lease, now);
+                engine_run(e, now);
+                while (engine_pop_event(e, &ev))
+                        ;
+                engine_request_unref(request);
+        }
+        if (n_arrivals > 0) {
+                qsort(lat, n_arrivals, sizeof(uint64_t), cmp_u64);
+                printf("%-10s members %d, label on %d, arrivals %zu, grants %zu: acquire + grant p50 %.1f µs, p99 %.1f µs, "
+                       "max %.1f µs, total %.1f ms\n",
+                       labelled ? "labelled" : "unlabelled", BIG_MEMBERS, BIG_MEMBERS / 2, n_arrivals, granted,
+                       lat[n_arrivals / 2] / 1e3, lat[n_arrivals * 99 / 100] / 1e3, lat[n_arrivals - 1] / 1e3, total / 1e6);
+        }
+        engine_free(e);
+        free(lat);
+        free(half);
+        strv_free(members);
+}
+
 int main(int argc, char **argv) {
+        char load[128];
+        if (argc > 1 && streq(argv[1], "arrivals")) {
+                size_t arrivals = argc > 2 ? strtoul(argv[2], NULL, 10) : 1000;
+                printf("bench-labels arrivals: load average %s\n", bench_loadavg(load, sizeof load));
+                run_arrivals(false, arrivals);
+                run_arrivals(true, arrivals);
+                return 0;
+        }
         size_t waiters = argc > 1 ? strtoul(argv[1], NULL, 10) : 10000;
         size_t releases = argc > 2 ? strtoul(argv[2], NULL, 10) : 5000;
-        char load[128];
         printf("bench-labels: load average %s\n", bench_loadavg(load, sizeof load));
         run(false, waiters, releases);
         run(true, waiters, releases);
