@@ -634,8 +634,7 @@ static void bucket_head_update(LocalPool *p, LocalLane *l, Bucket *b) {
 /* The members a selector bucket admits under the pool's members and labels now. */
 static int bucket_resolve(const LocalPool *p, Bucket *b) {
         uint64_t *mask;
-        int r = selector_resolve(&(Selector) { .terms = b->terms, .member = b->member }, p->base.members,
-                                 p->base.labels, p->base.n_labels, &mask);
+        int r = member_sets_resolve(p->base.member_sets, &(Selector) { .terms = b->terms, .member = b->member }, &mask);
         if (r < 0)
                 return r;
         free(b->mask);
@@ -1278,8 +1277,7 @@ static void local_free(Pool *base) {
         strv_free(p->drained_members);
         free(p->rest_until);
         free(p->rests);
-        strv_free(p->base.members);
-        pool_labels_free(p->base.labels, p->base.n_labels);
+        pool_members_replace(&p->base, NULL, NULL, 0, NULL);
         free(p);
 }
 
@@ -1309,6 +1307,7 @@ struct PoolStaged {
         size_t n_lanes;
         PoolLabel *labels;
         size_t n_labels;
+        MemberSets *member_sets;         /* of members and labels: the bucket masks above are resolved with them */
 };
 
 /* The staging's own: the lanes it added are freed by configure_abort(), or became the pool's. */
@@ -1330,6 +1329,7 @@ static void staged_free(PoolStaged *s) {
         free(s->masks);
         layout_done(&s->layout);
         free(s->lanes);
+        member_sets_free(s->member_sets);
         if (s->labels)
                 pool_labels_free(s->labels, s->n_labels);
         free(s);
@@ -1380,6 +1380,14 @@ static int local_configure_prepare(Pool *base, const PoolConfig *c, const PoolLa
                 for (unsigned i = 0; i < c->limit && s->members[i]; i++)
                         s->member_drained[i] = strv_contains(drained, s->members[i]);
         }
+        r = pool_labels_copy(c->labels, c->n_labels, &s->labels);
+        if (r < 0)
+                goto fail;
+        s->n_labels = c->n_labels;
+        /* Of the copies the pool keeps on commit, equal to c's: what the masks below are resolved against. */
+        r = member_sets_new(s->members, s->labels, s->n_labels, &s->member_sets);
+        if (r < 0)
+                goto fail;
         /* The members' lives follow them by name (SPEC §3.6): the configured ones in order, then those removed
          * while quarantined (a reload that brings one back finds it quarantined still). */
         if (c->members || p->n_life) {
@@ -1405,8 +1413,8 @@ static int local_configure_prepare(Pool *base, const PoolConfig *c, const PoolLa
         list_foreach(hn, &p->health) {
                 PoolWaiter *w = container_of(hn, PoolWaiter, fifo_node);
                 if (c->members && (w->terms || w->member)) {
-                        r = selector_resolve(&(Selector) { .terms = w->terms, .member = w->member }, c->members,
-                                             c->labels, c->n_labels, &s->hmasks[k]);
+                        r = member_sets_resolve(s->member_sets, &(Selector) { .terms = w->terms, .member = w->member },
+                                                &s->hmasks[k]);
                         if (r == -ENOMEM)
                                 goto oom;
                 }
@@ -1431,8 +1439,9 @@ static int local_configure_prepare(Pool *base, const PoolConfig *c, const PoolLa
                                 s->masks[k] = calloc(MAX(member_set_words(c->limit), (size_t) 1), sizeof(uint64_t));
                                 r = s->masks[k++] ? 0 : -ENOMEM;
                         } else
-                                r = selector_resolve(&(Selector) { .terms = bk->terms, .member = bk->member },
-                                                     c->members, c->labels, c->n_labels, &s->masks[k++]);
+                                r = member_sets_resolve(s->member_sets,
+                                                        &(Selector) { .terms = bk->terms, .member = bk->member },
+                                                        &s->masks[k++]);
                         if (r < 0)
                                 goto fail;
                 }
@@ -1454,10 +1463,6 @@ static int local_configure_prepare(Pool *base, const PoolConfig *c, const PoolLa
                                 goto oom;
                         s->n_lanes++;
                 }
-        r = pool_labels_copy(c->labels, c->n_labels, &s->labels);
-        if (r < 0)
-                goto fail;
-        s->n_labels = c->n_labels;
         *ret = s;
         return 0;
 
@@ -1477,7 +1482,8 @@ static void local_configure_commit(Pool *base, PoolStaged *s, usec_t now) {
         free(p->lanes);
         p->lanes = TAKE_PTR(s->lanes);
         p->n_lanes = s->n_lanes;
-        pool_labels_replace(&p->base, TAKE_PTR(s->labels), s->n_labels);
+        pool_members_replace(&p->base, TAKE_PTR(s->members), TAKE_PTR(s->labels), s->n_labels,
+                             TAKE_PTR(s->member_sets));
         size_t k = 0;
         for (size_t i = 0; i < p->n_lanes; i++)
                 for (size_t b = 0; b < p->lanes[i]->n_buckets; b++) {
@@ -1490,8 +1496,6 @@ static void local_configure_commit(Pool *base, PoolStaged *s, usec_t now) {
                 }
 
         bool had_q = p->base.queue_timeout_set;
-        strv_free(p->base.members);
-        p->base.members = TAKE_PTR(s->members);
         free(p->member_drained);
         p->member_drained = TAKE_PTR(s->member_drained);
         if (s->drains_given) {
@@ -1688,7 +1692,7 @@ static int local_submit(Pool *base, const PoolTry *t, usec_t now) {
                 r = selector_canon(t->selector, &canon);
                 if (r < 0)
                         return r;
-                r = selector_resolve(t->selector, p->base.members, p->base.labels, p->base.n_labels, &mask);
+                r = member_sets_resolve(p->base.member_sets, t->selector, &mask);
                 if (r < 0)
                         return r;
                 if (member_set_count(mask, words) < t->slots)

@@ -3430,8 +3430,7 @@ static void shared_free(Pool *base) {
         for (size_t i = 0; i < ELEMENTSOF(p->emitted); i++)
                 free(p->emitted[i]);
         drains_clear(p);
-        strv_free(p->base.members);
-        pool_labels_free(p->base.labels, p->base.n_labels);
+        pool_members_replace(&p->base, NULL, NULL, 0, NULL);
         strv_free(p->lanes);
         strv_free(p->differing_keys);
         free(p->canon);
@@ -3457,6 +3456,7 @@ struct PoolStaged {
         char **lanes;
         char **members;
         PoolLabel *labels;
+        MemberSets *member_sets;
         PoolMemberLife *life;
         size_t n_life;
         PoolMemberLife *gone;   /* room for the lives the configuration drops (life_adopt()) */
@@ -3467,6 +3467,7 @@ static void shared_configure_abort(Pool *base, PoolStaged *s) {
                 return;
         free(s->canon);
         strv_free(s->lanes);
+        member_sets_free(s->member_sets);
         strv_free(s->members);
         if (s->labels)
                 pool_labels_free(s->labels, s->c->n_labels);
@@ -3503,6 +3504,9 @@ static int shared_configure_prepare(Pool *base, const PoolConfig *c, const PoolL
         r = pool_labels_copy(c->labels, c->n_labels, &s->labels);
         if (r < 0)
                 goto fail;
+        r = member_sets_new(s->members, s->labels, c->n_labels, &s->member_sets);
+        if (r < 0)
+                goto fail;
         r = life_prepare(s->members, &s->life, &s->n_life);
         if (r < 0)
                 goto fail;
@@ -3523,12 +3527,11 @@ static void shared_configure_commit(Pool *base, PoolStaged *s, usec_t now) {
         const PoolConfig *c = s->c;
         /* The manual clock: a restore() that follows (it has no `now`) dates its reclaim by this. */
         p->last_now = MAX(p->last_now, now);
-        pool_labels_replace(&p->base, TAKE_PTR(s->labels), c->n_labels);
+        pool_members_replace(&p->base, TAKE_PTR(s->members), TAKE_PTR(s->labels), c->n_labels,
+                             TAKE_PTR(s->member_sets));
         life_adopt(p, TAKE_PTR(s->life), s->n_life, TAKE_PTR(s->gone));
         strv_free(p->lanes);
         p->lanes = TAKE_PTR(s->lanes);
-        strv_free(p->base.members);
-        p->base.members = TAKE_PTR(s->members);
         p->base.limit = c->limit;
         p->min_replicas = c->backend_min_replicas;
         p->min_replicas_timeout = c->backend_min_replicas_timeout;

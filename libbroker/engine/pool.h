@@ -362,6 +362,7 @@ struct Pool {
         char **members;           /* NULL-terminated, or NULL */
         PoolLabel *labels;        /* names and members only (no source); set by configure_commit() */
         size_t n_labels;
+        MemberSets *member_sets;  /* of members and labels, what selectors resolve against; set with them */
         bool queue_timeout_set;
         usec_t queue_timeout;
         bool drained;
@@ -387,8 +388,9 @@ int pool_local_new(const char *name, PoolEmitFn emit, void *emit_userdata, Pool 
 int pool_selector_capacity(const Pool *p, const Selector *s);
 /* A copy of `labels` (names and members; NULL when there are none). Returns 0, -ENOMEM. */
 int pool_labels_copy(const PoolLabel *labels, size_t n_labels, PoolLabel **ret);
-/* The pool's labels replaced by `labels`, taken over. */
-void pool_labels_replace(Pool *p, PoolLabel *labels, size_t n_labels);
+/* The pool's members, labels and their sets (made of these members and labels) replaced by these, taken
+ * over; all NULL: none. */
+void pool_members_replace(Pool *p, char **members, PoolLabel *labels, size_t n_labels, MemberSets *sets);
 void pool_labels_free(PoolLabel *labels, size_t n_labels);
 
 /* Prepares and commits a configuration at once, the pool keeping its drains: for a pool alone (tests). */

@@ -42,34 +42,157 @@ unsigned member_set_count(const uint64_t *set, size_t n_words) {
         return n;
 }
 
-static const PoolLabel *label_find(const PoolLabel *labels, size_t n_labels, const char *name) {
+struct MemberSets {
+        char *const *members;     /* borrowed */
+        size_t n_members, n_words;
+        size_t *member_order;     /* indices of members by name (then index) */
+        const PoolLabel *labels;  /* borrowed */
+        size_t n_labels;          /* in label_order: the labels that name a member, the first of each name */
+        size_t *label_order;      /* indices of labels by name */
+        uint64_t *sets;           /* label_order[i]'s members: n_words words at sets + i × n_words */
+};
+
+/* The names of an array of members (stride sizeof(char *)) or of labels (stride sizeof(PoolLabel)). */
+typedef struct Names {
+        const void *base;
+        size_t stride;
+} Names;
+
+static const char *name_at(const Names *n, size_t i) {
+        return *(char *const *) ((const char *) n->base + i * n->stride);
+}
+
+static int name_compare(const void *a, const void *b, void *userdata) {
+        size_t x = *(const size_t *) a, y = *(const size_t *) b;
+        int c = strcmp(name_at(userdata, x), name_at(userdata, y));
+        return c != 0 ? c : (x > y) - (x < y);
+}
+
+/* The first position of `order` (n indices sorted by name_compare()) whose name is ≥ name. */
+static size_t name_lower_bound(const Names *names, const size_t *order, size_t n, const char *name) {
+        size_t lo = 0, hi = n;
+        while (lo < hi) {
+                size_t mid = lo + (hi - lo) / 2;
+                if (strcmp(name_at(names, order[mid]), name) < 0)
+                        lo = mid + 1;
+                else
+                        hi = mid;
+        }
+        return lo;
+}
+
+/* Sets the bits of the members named `name` (usually one, or none). */
+static void member_bits(const MemberSets *m, const char *name, uint64_t *set) {
+        const Names names = { m->members, sizeof(char *) };
+        for (size_t k = name_lower_bound(&names, m->member_order, m->n_members, name);
+             k < m->n_members && streq(m->members[m->member_order[k]], name); k++)
+                set[m->member_order[k] / 64] |= UINT64_C(1) << (m->member_order[k] % 64);
+}
+
+/* The members carrying the label, or NULL: no label of that name names a member. */
+static const uint64_t *label_set(const MemberSets *m, const char *name) {
+        const Names names = { m->labels, sizeof(PoolLabel) };
+        size_t k = name_lower_bound(&names, m->label_order, m->n_labels, name);
+        return k < m->n_labels && streq(m->labels[m->label_order[k]].name, name) ? m->sets + k * m->n_words : NULL;
+}
+
+MemberSets *member_sets_free(MemberSets *m) {
+        if (!m)
+                return NULL;
+        free(m->member_order);
+        free(m->label_order);
+        free(m->sets);
+        return mfree(m);
+}
+
+int member_sets_new(char *const *members, const PoolLabel *labels, size_t n_labels, MemberSets **ret) {
+        _cleanup_(member_sets_freep) MemberSets *m = calloc(1, sizeof(MemberSets));
+        if (!m)
+                return -ENOMEM;
+        m->members = members;
+        m->n_members = strv_length(members);
+        m->n_words = member_set_words(m->n_members);
+        m->labels = labels;
+        m->member_order = calloc(MAX(m->n_members, (size_t) 1), sizeof(size_t));
+        m->label_order = calloc(MAX(n_labels, (size_t) 1), sizeof(size_t));
+        if (!m->member_order || !m->label_order)
+                return -ENOMEM;
+        for (size_t i = 0; i < m->n_members; i++)
+                m->member_order[i] = i;
+        qsort_r(m->member_order, m->n_members, sizeof(size_t), name_compare,
+                &(Names) { members, sizeof(char *) });
+
         for (size_t i = 0; i < n_labels; i++)
-                if (streq(labels[i].name, name))
-                        return labels + i;
-        return NULL;
+                m->label_order[i] = i;
+        qsort_r(m->label_order, n_labels, sizeof(size_t), name_compare, &(Names) { labels, sizeof(PoolLabel) });
+        size_t n_named = 0;
+        for (size_t k = 0; k < n_labels; k++)
+                n_named += labels[k].members && labels[k].members[0];
+        m->sets = calloc(MAX(n_named * m->n_words, (size_t) 1), sizeof(uint64_t));
+        if (!m->sets)
+                return -ENOMEM;
+        /* Of two labels of one name the first counts (it sorts first). One that lists no member is carried by
+         * none, as one that does not exist: it needs no set. */
+        const char *previous = NULL;
+        for (size_t k = 0; k < n_labels; k++) {
+                const PoolLabel *l = labels + m->label_order[k];
+                bool again = previous && streq(previous, l->name);
+                previous = l->name;
+                if (again || !l->members || !l->members[0])
+                        continue;
+                m->label_order[m->n_labels] = m->label_order[k];
+                uint64_t *set = m->sets + m->n_labels++ * m->n_words;
+                for (size_t j = 0; l->members[j]; j++)
+                        member_bits(m, l->members[j], set);
+        }
+        *ret = TAKE_PTR(m);
+        return 0;
+}
+
+size_t member_sets_size(const MemberSets *m) {
+        return m ? m->n_members : 0;
+}
+
+int member_sets_resolve(const MemberSets *m, const Selector *s, uint64_t **ret) {
+        size_t n = m ? m->n_members : 0, words = MAX(member_set_words(n), (size_t) 1);
+        uint64_t *set = calloc(words, sizeof(uint64_t));
+        if (!set)
+                return -ENOMEM;
+        if (n == 0) {
+                *ret = set;
+                return 0;
+        }
+
+        if (s && s->member)
+                member_bits(m, s->member, set);
+        else {
+                memset(set, 0xff, n / 64 * sizeof(uint64_t));
+                if (n % 64 != 0)
+                        set[n / 64] = (UINT64_C(1) << (n % 64)) - 1;
+        }
+        for (size_t t = 0; s && s->terms && s->terms[t]; t++) {
+                bool negate = s->terms[t][0] == '!';
+                const uint64_t *l = label_set(m, s->terms[t] + negate);
+                if (!l && negate)
+                        continue; /* carried by none: every member lacks it */
+                if (!l) {
+                        memset(set, 0, words * sizeof(uint64_t));
+                        break;
+                }
+                for (size_t w = 0; w < m->n_words; w++)
+                        set[w] &= negate ? ~l[w] : l[w];
+        }
+        *ret = set;
+        return 0;
 }
 
 int selector_resolve(const Selector *s, char *const *members, const PoolLabel *labels, size_t n_labels,
                      uint64_t **ret) {
-        size_t n = strv_length(members), words = MAX(member_set_words(n), (size_t) 1);
-        uint64_t *set = calloc(words, sizeof(uint64_t));
-        if (!set)
-                return -ENOMEM;
-
-        /* O(members × terms × label size): at submit and reload only, never per grant. */
-        for (size_t i = 0; i < n; i++) {
-                bool ok = !s || !s->member || streq(s->member, members[i]);
-                for (size_t t = 0; ok && s && s->terms && s->terms[t]; t++) {
-                        bool negate = s->terms[t][0] == '!';
-                        const PoolLabel *l = label_find(labels, n_labels, s->terms[t] + negate);
-                        bool carries = l && strv_contains(l->members, members[i]);
-                        ok = carries != negate;
-                }
-                if (ok)
-                        set[i / 64] |= UINT64_C(1) << (i % 64);
-        }
-        *ret = set;
-        return 0;
+        _cleanup_(member_sets_freep) MemberSets *m = NULL;
+        int r = member_sets_new(members, labels, n_labels, &m);
+        if (r < 0)
+                return r;
+        return member_sets_resolve(m, s, ret);
 }
 
 int pool_selector_capacity(const Pool *p, const Selector *s) {
@@ -78,9 +201,9 @@ int pool_selector_capacity(const Pool *p, const Selector *s) {
         if (!p->members)
                 return 0;
         _cleanup_free_ uint64_t *set = NULL;
-        if (selector_resolve(s, p->members, p->labels, p->n_labels, &set) < 0)
+        if (member_sets_resolve(p->member_sets, s, &set) < 0)
                 return -ENOMEM;
-        return (int) member_set_count(set, member_set_words(strv_length(p->members)));
+        return (int) member_set_count(set, member_set_words(member_sets_size(p->member_sets)));
 }
 
 void pool_labels_free(PoolLabel *labels, size_t n_labels) {
@@ -111,8 +234,13 @@ int pool_labels_copy(const PoolLabel *labels, size_t n_labels, PoolLabel **ret) 
         return 0;
 }
 
-void pool_labels_replace(Pool *p, PoolLabel *labels, size_t n_labels) {
+void pool_members_replace(Pool *p, char **members, PoolLabel *labels, size_t n_labels, MemberSets *sets) {
+        /* The sets first: they borrow the names. */
+        member_sets_free(p->member_sets);
+        p->member_sets = sets;
         pool_labels_free(p->labels, p->n_labels);
         p->labels = labels;
         p->n_labels = n_labels;
+        strv_free(p->members);
+        p->members = members;
 }
