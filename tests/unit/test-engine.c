@@ -2974,6 +2974,175 @@ static void test_a_waiter_no_member_can_satisfy_after_a_reload_is_refused(void *
         (void) d;
 }
 
+/* Whether `member` satisfies the selector under p's members and labels, compared name by name as the engine
+ * once did (the reference for the member sets the pools resolve against now): the first label of a name
+ * counts, a label no label names is carried by none. */
+static bool reference_admits(const PoolConfig *p, const char *const *terms, const char *named, const char *member) {
+        if (!strv_contains(p->members, member) || (named && !streq(named, member)))
+                return false;
+        for (size_t t = 0; terms && terms[t]; t++) {
+                bool negate = terms[t][0] == '!', carries = false;
+                for (size_t i = 0; i < p->n_labels; i++)
+                        if (streq(p->labels[i].name, terms[t] + negate)) {
+                                carries = strv_contains(p->labels[i].members, member);
+                                break;
+                        }
+                if (carries == negate)
+                        return false;
+        }
+        return true;
+}
+
+static unsigned reference_count(const PoolConfig *p, const char *const *terms, const char *named) {
+        unsigned n = 0;
+        for (size_t i = 0; p->members && p->members[i]; i++)
+                n += reference_admits(p, terms, named, p->members[i]);
+        return n;
+}
+
+/* label NAME on each member of p with probability 1/every (none when every is 0). */
+static void pool_label_random(PoolConfig *p, const char *name, unsigned every, uint64_t *rng) {
+        const char *on[128] = {};
+        size_t k = 0;
+        for (size_t i = 0; every > 0 && p->members[i] && k < ELEMENTSOF(on) - 1; i++)
+                if (fake_random(rng) % every == 0)
+                        on[k++] = p->members[i];
+        pool_label(p, name, on);
+}
+
+/* Waiters with random selectors (labels, negated ones, one no label names, an empty label, a named member
+ * present or not) over 70 members, all held; a reload shuffles the members, drops 9, adds 4 (65: not a
+ * multiple of 64), and relabels them. Each waiter is then refused exactly when fewer members than it asks for
+ * satisfy it under the new labels, and once the members are let go it gets members that do, and waits only
+ * while every member that does is held. */
+static void test_selectors_follow_a_reload_of_members_and_labels(void **state) {
+        Fixture *f = *state;
+        static const char *const names[] = { "x", "!x", "y", "!y", "z", "!z", "e", "!e", "w", "!w", "q", "!q" };
+        uint64_t rng = 7;
+        char member[70][8], added[4][8];
+        const char *members[70];
+        for (size_t i = 0; i < 70; i++) {
+                snprintf(member[i], sizeof member[i], "m%02zu", i);
+                members[i] = member[i];
+        }
+        PoolConfig *p = pool_add(f, "p", 0);
+        pool_set_members(p, members, 70);
+        pool_label_random(p, "x", 2, &rng);
+        pool_label_random(p, "y", 3, &rng);
+        pool_label_random(p, "z", 9, &rng);
+        pool_label_random(p, "e", 0, &rng);
+        lane_add(f, "l", LANE_POLICY_WAIT, "p", NULL);
+        configure(f, 0);
+        Tag *all = acquire(f, "all", (Req) { .slots = 70 }, 0);
+        assert_true(granted(all));
+
+        struct {
+                const char *terms[3];
+                const char *member;
+                unsigned slots;
+                Tag *tag;
+        } w[200] = {};
+        size_t n = 0;
+        for (size_t i = 0; i < ELEMENTSOF(w); i++) {
+                memset(&w[n], 0, sizeof w[n]);
+                size_t k = fake_random(&rng) % 3;
+                for (size_t t = 0; t < k; t++)
+                        w[n].terms[t] = names[fake_random(&rng) % ELEMENTSOF(names)];
+                switch (fake_random(&rng) % 6) {
+                case 0: w[n].member = members[fake_random(&rng) % 70]; break;
+                case 1: w[n].member = "gone"; break;
+                default: break;
+                }
+                w[n].slots = w[n].member ? 1 : 1 + (unsigned) (fake_random(&rng) % 2);
+                if (reference_count(p, w[n].terms, w[n].member) < w[n].slots) {
+                        assert_int_equal(try_acquire(f, (Req) { .labels = w[n].terms, .member = w[n].member,
+                                                                .slots = w[n].slots },
+                                                     S(1)),
+                                         -EINVAL);
+                        continue;
+                }
+                if (!w[n].terms[0] && !w[n].member)
+                        continue; /* no selector: not what this is about */
+                char name[16];
+                snprintf(name, sizeof name, "w%zu", i);
+                w[n].tag = acquire(f, name, (Req) { .labels = w[n].terms, .member = w[n].member, .slots = w[n].slots },
+                                   S(1));
+                assert_true(queued(w[n].tag));
+                n++;
+        }
+        assert_true(n > 50);
+
+        /* The reload: 61 of the members in another order, 4 new ones, labels changed, removed and added. */
+        for (size_t i = 69; i > 0; i--) {
+                size_t j = fake_random(&rng) % (i + 1);
+                const char *m = members[i];
+                members[i] = members[j];
+                members[j] = m;
+        }
+        for (size_t i = 0; i < 4; i++) {
+                snprintf(added[i], sizeof added[i], "n%02zu", i);
+                members[61 + i] = added[i];
+        }
+        pool_set_members(p, members, 65);
+        for (size_t i = 0; i < p->n_labels; i++) {
+                free(p->labels[i].name);
+                strv_free(p->labels[i].members);
+        }
+        p->n_labels = 0;
+        pool_label_random(p, "w", 2, &rng);
+        pool_label_random(p, "x", 3, &rng);
+        pool_label_random(p, "z", 5, &rng);
+        pool_label_random(p, "e", 0, &rng);
+        configure(f, S(2));
+        /* An arrival asking for more members than satisfy it under the new labels is refused at once. */
+        for (size_t i = 0; i < n; i++)
+                if (reference_count(p, w[i].terms, w[i].member) < w[i].slots)
+                        assert_int_equal(try_acquire(f, (Req) { .labels = w[i].terms, .member = w[i].member,
+                                                                .slots = w[i].slots },
+                                                     S(2)),
+                                         -EINVAL);
+        end(f, all, S(3));
+
+        size_t n_granted = 0;
+        const char *held[70] = {};
+        size_t n_held = 0;
+        for (size_t i = 0; i < n; i++) {
+                unsigned want = reference_count(p, w[i].terms, w[i].member);
+                if (want < w[i].slots) {
+                        assert_true(refused(w[i].tag, REFUSAL_UNAVAILABLE));
+                        continue;
+                }
+                if (!granted(w[i].tag))
+                        continue;
+                const char *const *got;
+                assert_int_equal(engine_lease_slots(w[i].tag->lease, NULL, &got), w[i].slots);
+                for (unsigned k = 0; k < w[i].slots; k++) {
+                        assert_true(reference_admits(p, w[i].terms, w[i].member, got[k]));
+                        for (size_t h = 0; h < n_held; h++)
+                                assert_string_not_equal(held[h], got[k]);
+                        held[n_held++] = got[k];
+                }
+                n_granted++;
+        }
+        assert_true(n_granted > 10);
+        /* One still waiting could not be granted: fewer members that satisfy it are free than it asks for, but
+         * for those that one waiting ahead of it could use (set aside for it: no barging). */
+        for (size_t i = 0; i < n; i++) {
+                if (!queued(w[i].tag))
+                        continue;
+                unsigned free_for_it = 0;
+                for (size_t m = 0; p->members[m]; m++) {
+                        bool taken = false;
+                        for (size_t h = 0; h < n_held && !taken; h++)
+                                taken = streq(held[h], p->members[m]);
+                        for (size_t j = 0; j < i && !taken; j++)
+                                taken = queued(w[j].tag) && reference_admits(p, w[j].terms, w[j].member, p->members[m]);
+                        free_for_it += !taken && reference_admits(p, w[i].terms, w[i].member, p->members[m]);
+                }
+                assert_true(free_for_it < w[i].slots);
+        }
+}
+
 /* A lane's labels= are part of every request of it (brokerd.conf(5): "Labels every grant of this lane must
  * carry"). A reload that changes them refuses the lane's waiters (unavailable, "reload") rather than grant them
  * what the lane now excludes; a reload that leaves them as they were keeps them waiting. */
@@ -4587,6 +4756,7 @@ int main(void) {
                 T(test_relabelled_member_keeps_its_lease_and_new_labels_apply_next),
                 T(test_lane_limits_pass_over_without_setting_aside),
                 T(test_a_waiter_no_member_can_satisfy_after_a_reload_is_refused),
+                T(test_selectors_follow_a_reload_of_members_and_labels),
                 T(test_a_waiter_of_a_lane_whose_labels_changed_is_refused),
                 T(test_random_selectors_never_hand_a_member_out_twice),
                 /* All-or-nothing sets (SPEC §3.5): both kinds of pool (one call over the set on shared ones). */
