@@ -67,3 +67,36 @@ int strv_join_sorted(char *const *l, const char *sep, char **ret) {
         *ret = s;
         return 0;
 }
+
+typedef struct Strided {
+        const void *first;
+        size_t stride;
+} Strided;
+
+static const char *strided_name(const Strided *s, size_t i) {
+        return *(char *const *) ((const char *) s->first + i * s->stride);
+}
+
+static int strided_compare(const void *a, const void *b, void *userdata) {
+        size_t x = *(const size_t *) a, y = *(const size_t *) b;
+        int c = strcmp(strided_name(userdata, x), strided_name(userdata, y));
+        return c != 0 ? c : (x > y) - (x < y);
+}
+
+void strv_order_sort(size_t *order, size_t n, const void *first, size_t stride) {
+        if (n > 1)
+                qsort_r(order, n, sizeof(size_t), strided_compare, &(Strided) { first, stride });
+}
+
+size_t strv_order_lower_bound(const size_t *order, size_t n, const void *first, size_t stride, const char *name) {
+        const Strided s = { first, stride };
+        size_t lo = 0, hi = n;
+        while (lo < hi) {
+                size_t mid = lo + (hi - lo) / 2;
+                if (strcmp(strided_name(&s, order[mid]), name) < 0)
+                        lo = mid + 1;
+                else
+                        hi = mid;
+        }
+        return lo;
+}

@@ -17,3 +17,11 @@ char **strv_copy(char *const *l);
 /* The strings sorted (strcmp), each once, joined by sep, in *ret ("" for none or NULL): a canonical text of a
  * set. Returns 0, or -ENOMEM (*ret untouched then). */
 int strv_join_sorted(char *const *l, const char *sep, char **ret);
+
+/* An index by name of names kept in an array of structures (or of strings): element i's name is the char * at
+ * (const char *) first + i × stride, `first` pointing at element 0's (an array of strings: the array and
+ * sizeof(char *)). For look-ups and matches by name in O(log n), where a scan compares every name. */
+/* Sorts order[0..n), indices of such names (none NULL), by name, then index. */
+void strv_order_sort(size_t *order, size_t n, const void *first, size_t stride);
+/* The first position of order[0..n) (strv_order_sort()ed) whose name is ≥ name: n when none is. */
+size_t strv_order_lower_bound(const size_t *order, size_t n, const void *first, size_t stride, const char *name);

@@ -2170,30 +2170,71 @@ static int life_prepare(char *const *members, PoolMemberLife **ret, size_t *ret_
         return 0;
 }
 
+/* Room for life_adopt()'s work on n configured members: made by configure_prepare(), as commit cannot fail. */
+static size_t *life_adopt_room(const SharedPool *p, size_t n) {
+        return calloc(2 * n + p->n_life + p->n_gone + 1, sizeof(size_t));
+}
+
+/* The indices of the lives that have a member (name), sorted by it, in `order`. Returns how many. */
+static size_t life_order(const PoolMemberLife *lives, size_t n, size_t *order) {
+        size_t k = 0;
+        for (size_t i = 0; i < n; i++)
+                if (lives[i].member)
+                        order[k++] = i;
+        if (k > 0)
+                strv_order_sort(order, k, &lives[0].member, sizeof(PoolMemberLife));
+        return k;
+}
+
 /* The members as configured (life_prepare()'s, taken over), each keeping its quarantine by name (a reload's
  * next reply says it again), and this node's counts of it: from its life, or from when a reload dropped it.
- * The lives this drops keep their counts in `gone`, room for them all (p->n_life + p->n_gone), taken over. */
-static void life_adopt(SharedPool *p, PoolMemberLife *life, size_t n, PoolMemberLife *gone) {
-        for (size_t i = 0; i < n; i++) {
-                bool found = false;
-                for (size_t j = 0; j < p->n_life && !found; j++)
-                        if (p->life[j].member && streq(p->life[j].member, life[i].member)) {
-                                char *member = life[i].member;
-                                life[i] = p->life[j];
-                                free(life[i].member);
-                                life[i].member = member;
-                                p->life[j] = (PoolMemberLife) {};
-                                found = true;
-                        }
-                for (size_t j = 0; j < p->n_gone && !found; j++)
-                        if (p->gone[j].member && streq(p->gone[j].member, life[i].member)) {
-                                life[i].grants = p->gone[j].grants;
-                                life[i].held = p->gone[j].held;
-                                life[i].quarantines = p->gone[j].quarantines;
-                                p->gone[j].member = mfree(p->gone[j].member);
-                                found = true;
-                        }
+ * The lives this drops keep their counts in `gone`, room for them all (p->n_life + p->n_gone), taken over;
+ * `room` is life_adopt_room()'s, taken over.
+ *
+ * The k-th configured member of a name (in configuration order: one, as configurations have no name twice)
+ * takes the k-th life of that name, or when there are fewer the next count kept of that name in `gone`: the
+ * three sorted by name and walked together, O(n log n), where a scan of the lives and counts for each member
+ * compared 10,000 × 10,000 names at a reload of 10,000 members. */
+static void life_adopt(SharedPool *p, PoolMemberLife *life, size_t n, PoolMemberLife *gone, size_t *room) {
+        size_t *by_new = room, *by_life = by_new + n, *by_gone = by_life + p->n_life, *match = by_gone + p->n_gone;
+        size_t n_new = life_order(life, n, by_new), n_life = life_order(p->life, p->n_life, by_life),
+               n_old_gone = life_order(p->gone, p->n_gone, by_gone);
+        for (size_t a = 0, c = 0, e = 0; a < n_new;) {
+                const char *name = life[by_new[a]].member;
+                while (c < n_life && strcmp(p->life[by_life[c]].member, name) < 0)
+                        c++;
+                while (e < n_old_gone && strcmp(p->gone[by_gone[e]].member, name) < 0)
+                        e++;
+                size_t lives = 0, counts = 0;
+                while (c + lives < n_life && streq(p->life[by_life[c + lives]].member, name))
+                        lives++;
+                while (e + counts < n_old_gone && streq(p->gone[by_gone[e + counts]].member, name))
+                        counts++;
+                for (size_t k = 0; a < n_new && streq(life[by_new[a]].member, name); k++, a++)
+                        match[by_new[a]] = k < lives ? by_life[c + k]
+                                         : k - lives < counts ? p->n_life + by_gone[e + k - lives]
+                                                              : SIZE_MAX;
+                c += lives;
+                e += counts;
         }
+        /* Names compared above are freed below: the matches first, then the moves. */
+        for (size_t i = 0; i < n; i++) {
+                size_t j = life[i].member ? match[i] : SIZE_MAX;
+                if (j < p->n_life) {
+                        char *member = life[i].member;
+                        life[i] = p->life[j];
+                        free(life[i].member);
+                        life[i].member = member;
+                        p->life[j] = (PoolMemberLife) {};
+                } else if (j != SIZE_MAX) {
+                        j -= p->n_life;
+                        life[i].grants = p->gone[j].grants;
+                        life[i].held = p->gone[j].held;
+                        life[i].quarantines = p->gone[j].quarantines;
+                        p->gone[j].member = mfree(p->gone[j].member);
+                }
+        }
+        free(room);
         size_t n_gone = 0;
         for (size_t j = 0; j < p->n_gone; j++)
                 if (p->gone[j].member)
@@ -3460,6 +3501,7 @@ struct PoolStaged {
         PoolMemberLife *life;
         size_t n_life;
         PoolMemberLife *gone;   /* room for the lives the configuration drops (life_adopt()) */
+        size_t *adopt_room;     /* life_adopt_room() */
 };
 
 static void shared_configure_abort(Pool *base, PoolStaged *s) {
@@ -3474,6 +3516,7 @@ static void shared_configure_abort(Pool *base, PoolStaged *s) {
         if (s->life)
                 life_free(s->life, s->n_life);
         free(s->gone);
+        free(s->adopt_room);
         free(s);
 }
 
@@ -3511,7 +3554,8 @@ static int shared_configure_prepare(Pool *base, const PoolConfig *c, const PoolL
         if (r < 0)
                 goto fail;
         s->gone = calloc(p->n_life + p->n_gone + 1, sizeof(PoolMemberLife));
-        if (!s->gone) {
+        s->adopt_room = life_adopt_room(p, s->n_life);
+        if (!s->gone || !s->adopt_room) {
                 r = -ENOMEM;
                 goto fail;
         }
@@ -3529,7 +3573,7 @@ static void shared_configure_commit(Pool *base, PoolStaged *s, usec_t now) {
         p->last_now = MAX(p->last_now, now);
         pool_members_replace(&p->base, TAKE_PTR(s->members), TAKE_PTR(s->labels), c->n_labels,
                              TAKE_PTR(s->member_sets));
-        life_adopt(p, TAKE_PTR(s->life), s->n_life, TAKE_PTR(s->gone));
+        life_adopt(p, TAKE_PTR(s->life), s->n_life, TAKE_PTR(s->gone), TAKE_PTR(s->adopt_room));
         strv_free(p->lanes);
         p->lanes = TAKE_PTR(s->lanes);
         p->base.limit = c->limit;

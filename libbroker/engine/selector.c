@@ -52,47 +52,18 @@ struct MemberSets {
         uint64_t *sets;           /* label_order[i]'s members: n_words words at sets + i × n_words */
 };
 
-/* The names of an array of members (stride sizeof(char *)) or of labels (stride sizeof(PoolLabel)). */
-typedef struct Names {
-        const void *base;
-        size_t stride;
-} Names;
-
-static const char *name_at(const Names *n, size_t i) {
-        return *(char *const *) ((const char *) n->base + i * n->stride);
-}
-
-static int name_compare(const void *a, const void *b, void *userdata) {
-        size_t x = *(const size_t *) a, y = *(const size_t *) b;
-        int c = strcmp(name_at(userdata, x), name_at(userdata, y));
-        return c != 0 ? c : (x > y) - (x < y);
-}
-
-/* The first position of `order` (n indices sorted by name_compare()) whose name is ≥ name. */
-static size_t name_lower_bound(const Names *names, const size_t *order, size_t n, const char *name) {
-        size_t lo = 0, hi = n;
-        while (lo < hi) {
-                size_t mid = lo + (hi - lo) / 2;
-                if (strcmp(name_at(names, order[mid]), name) < 0)
-                        lo = mid + 1;
-                else
-                        hi = mid;
-        }
-        return lo;
-}
-
 /* Sets the bits of the members named `name` (usually one, or none). */
 static void member_bits(const MemberSets *m, const char *name, uint64_t *set) {
-        const Names names = { m->members, sizeof(char *) };
-        for (size_t k = name_lower_bound(&names, m->member_order, m->n_members, name);
+        for (size_t k = strv_order_lower_bound(m->member_order, m->n_members, m->members, sizeof(char *), name);
              k < m->n_members && streq(m->members[m->member_order[k]], name); k++)
                 set[m->member_order[k] / 64] |= UINT64_C(1) << (m->member_order[k] % 64);
 }
 
 /* The members carrying the label, or NULL: no label of that name names a member. */
 static const uint64_t *label_set(const MemberSets *m, const char *name) {
-        const Names names = { m->labels, sizeof(PoolLabel) };
-        size_t k = name_lower_bound(&names, m->label_order, m->n_labels, name);
+        size_t k = m->n_labels > 0 ? strv_order_lower_bound(m->label_order, m->n_labels, &m->labels[0].name,
+                                                            sizeof(PoolLabel), name)
+                                   : 0;
         return k < m->n_labels && streq(m->labels[m->label_order[k]].name, name) ? m->sets + k * m->n_words : NULL;
 }
 
@@ -119,12 +90,12 @@ int member_sets_new(char *const *members, const PoolLabel *labels, size_t n_labe
                 return -ENOMEM;
         for (size_t i = 0; i < m->n_members; i++)
                 m->member_order[i] = i;
-        qsort_r(m->member_order, m->n_members, sizeof(size_t), name_compare,
-                &(Names) { members, sizeof(char *) });
+        strv_order_sort(m->member_order, m->n_members, members, sizeof(char *));
 
         for (size_t i = 0; i < n_labels; i++)
                 m->label_order[i] = i;
-        qsort_r(m->label_order, n_labels, sizeof(size_t), name_compare, &(Names) { labels, sizeof(PoolLabel) });
+        if (n_labels > 0)
+                strv_order_sort(m->label_order, n_labels, &labels[0].name, sizeof(PoolLabel));
         size_t n_named = 0;
         for (size_t k = 0; k < n_labels; k++)
                 n_named += labels[k].members && labels[k].members[0];

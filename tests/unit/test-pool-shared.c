@@ -2483,6 +2483,59 @@ static void test_member_counts_survive_a_reload_without_the_member(void **state)
         assert_int_equal(u.grants, 0);
 }
 
+/* The same across 40 reloads that each list a random part of 40 names in a random order: every member's counts
+ * are the last ones set for its name, through reloads that dropped it, and a name never counted has none. */
+static void test_member_counts_follow_their_names_across_reorders(void **state) {
+        Fixture *f = *state;
+        enum { NAMES = 40 };
+        char names[NAMES][8];
+        EngineMemberUse model[NAMES] = {};
+        uint64_t rng = 99;
+        for (size_t i = 0; i < NAMES; i++)
+                snprintf(names[i], sizeof names[i], "u%02zu", i);
+        PoolLaneRule rules[] = { { .lane = "ci", .priority = 0, .max_in_use = -1 } };
+        for (size_t round = 0; round < 40; round++) {
+                size_t order[NAMES];
+                for (size_t i = 0; i < NAMES; i++)
+                        order[i] = i;
+                for (size_t i = NAMES - 1; i > 0; i--) {
+                        rng = rng * 6364136223846793005ULL + 1442695040888963407ULL;
+                        size_t j = (size_t) (rng >> 33) % (i + 1), t = order[i];
+                        order[i] = order[j];
+                        order[j] = t;
+                }
+                rng = rng * 6364136223846793005ULL + 1442695040888963407ULL;
+                size_t n = 1 + (size_t) (rng >> 33) % NAMES;
+                char *members[NAMES + 1] = {};
+                bool listed[NAMES] = {};
+                for (size_t i = 0; i < n; i++) {
+                        members[i] = names[order[i]];
+                        listed[order[i]] = true;
+                }
+                PoolConfig pc = { .name = (char *) "grid", .limit = (unsigned) n, .max_queue = -1, .members = members,
+                                  .n_members = n };
+                assert_int_equal(pool_configure(f->pool, &pc, rules, 1, S(1 + round)), 0);
+                for (size_t i = 0; i < NAMES; i++) {
+                        EngineMemberUse u;
+                        if (!listed[i]) {
+                                assert_int_equal(f->pool->ops->get_use(f->pool, names[i], &u), -ENOENT);
+                                continue;
+                        }
+                        assert_int_equal(f->pool->ops->get_use(f->pool, names[i], &u), 0);
+                        assert_int_equal(u.grants, model[i].grants);
+                        assert_int_equal(u.held, model[i].held);
+                        assert_int_equal(u.quarantines, model[i].quarantines);
+                }
+                /* A third of the members counted anew. */
+                for (size_t i = 0; i < n; i += 3) {
+                        size_t k = order[i];
+                        model[k] = (EngineMemberUse) { .grants = round * 100 + k + 1, .held = S(round + k),
+                                                       .quarantines = (unsigned) (round % 4) };
+                        assert_int_equal(f->pool->ops->set_use(f->pool, names[k], &model[k]), 0);
+                }
+        }
+}
+
 /* The cache's drains ([15]) and the drain notices with hostile content (brokerd/lua/README, "Drains with a
  * reason"): entries that are not one are dropped and counted, a member listed twice is one drain, numbers at
  * the ends of int64 are mapped to the node's clock without overflow (the pool clock 500 µs ahead of it). */
@@ -4442,6 +4495,7 @@ int main(void) {
                 T(test_canon_carries_labels_and_submit_its_selector),
                 T(test_quarantines_from_replies_hostile_entries_dropped),
                 T(test_member_counts_survive_a_reload_without_the_member),
+                T(test_member_counts_follow_their_names_across_reorders),
                 T(test_submit_granted_at_once),
                 T(test_queued_then_granted_through_the_stream_once),
                 T(test_grant_copy_read_after_its_release_is_no_bad_input),
