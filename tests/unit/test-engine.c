@@ -1203,6 +1203,53 @@ static void test_member_use_by_name(void **state) {
         end(f, b, S(4));
 }
 
+/* A member's counts follow its name through reloads that reorder the members, drop some and add others (a
+ * configured life found by name, not by place): 12 reloads of about 40 members, 4 of them granted each time. */
+static void test_member_use_follows_its_name_across_reordering_reloads(void **state) {
+        Fixture *f = *state;
+        char names[100][8];
+        const char *list[100];
+        uint64_t grants[100] = {}, rng = 5;
+        size_t n = 40, next = 40, at[100]; /* at[i]: the index into names of list[i] */
+        for (size_t i = 0; i < 100; i++)
+                snprintf(names[i], sizeof names[i], "h%02zu", i);
+        for (size_t i = 0; i < n; i++) {
+                list[i] = names[i];
+                at[i] = i;
+        }
+        PoolConfig *p = pool_add(f, "p", 0);
+        pool_set_members(p, list, n);
+        lane_add(f, "l", LANE_POLICY_WAIT, "p", NULL);
+        configure(f, 0);
+        for (size_t round = 1; round <= 12; round++) {
+                for (size_t k = 0; k < 4; k++) {
+                        size_t i = fake_random(&rng) % n;
+                        Tag *t = acquire(f, "t", (Req) { .member = list[i] }, S(round));
+                        assert_true(granted(t));
+                        end(f, t, S(round));
+                        grants[at[i]]++;
+                }
+                /* Shuffled, 3 dropped (never back: a shared pool keeps a dropped member's counts), 4 new. */
+                for (size_t i = n - 1; i > 0; i--) {
+                        size_t j = fake_random(&rng) % (i + 1), t = at[i];
+                        at[i] = at[j];
+                        at[j] = t;
+                }
+                n -= 3;
+                for (size_t k = 0; k < 4 && next < 100; k++)
+                        at[n++] = next++;
+                for (size_t i = 0; i < n; i++)
+                        list[i] = names[at[i]];
+                pool_set_members(p, list, n);
+                configure(f, S(round));
+                for (size_t i = 0; i < n; i++) {
+                        EngineMemberUse u;
+                        assert_int_equal(engine_member_get_use(f->engine, "p", list[i], &u), 0);
+                        assert_int_equal(u.grants, grants[at[i]]);
+                }
+        }
+}
+
 /* A health job that may not wait, for a quarantined member a health job holds: refused busy (pool-local.c read
  * the ordinary queue's member set, which a health try has not, and crashed); its restore says which exit did it. */
 static void test_health_job_that_may_not_wait_for_a_held_member_is_refused_busy(void **state) {
@@ -4745,6 +4792,7 @@ int main(void) {
                 T(test_health_waiter_position_is_its_place_among_health_waiters),
                 T(test_health_job_that_may_not_wait_for_a_held_member_is_refused_busy),
                 T(test_member_use_by_name),
+                T(test_member_use_follows_its_name_across_reordering_reloads),
                 /* Labels and named members (SPEC §3.5), on shared pools too: part of their agreed rules. */
                 T(test_labels_every_term_must_hold),
                 T(test_named_member_waits_for_that_member),
