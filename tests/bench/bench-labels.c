@@ -51,11 +51,25 @@ static int cmp_u64(const void *a, const void *b) {
         return x < y ? -1 : x > y;
 }
 
+/* An engine with `pool` (its names kept alive by the caller) and a lane "l" that waits for it. */
+static Engine *engine_with(PoolConfig *pool) {
+        PoolConfig *pools[] = { pool };
+        LaneConfig lane = { .name = (char *) "l", .pools = (char *[]) { pool->name, NULL }, .n_pools = 1,
+                            .policy = LANE_POLICY_WAIT, .max_in_use = -1, .max_hold = USEC_INFINITY };
+        LaneConfig *lanes[] = { &lane };
+        BrokerConfig c = { .pools = pools, .n_pools = 1, .lanes = lanes, .n_lanes = 1 };
+        Engine *e;
+        if (engine_new(engine_random, NULL, &e) < 0 || engine_configure(e, &c, 0) < 0) {
+                fprintf(stderr, "engine set-up failed\n");
+                exit(EXIT_FAILURE);
+        }
+        return e;
+}
+
 /* One run: WAITERS waiting (with label sets, or none), then RELEASES times: release the oldest lease, run
  * the instant, note how long both took. Prints p50/p99/max in µs and the peak RSS growth. */
 static void run(bool labelled, size_t n_waiters, size_t n_releases) {
         static const char *const names[LABELS] = { "arm64", "usb3", "gpu", "big", "fast", "eu", "us", "flash" };
-        BrokerConfig c = {};
         PoolConfig pool = { .name = (char *) "rigs", .limit = MEMBERS, .n_members = MEMBERS, .max_queue = -1 };
         char *members[MEMBERS + 1] = {};
         PoolLabel labels[LABELS];
@@ -72,20 +86,7 @@ static void run(bool labelled, size_t n_waiters, size_t n_releases) {
         }
         pool.labels = labels;
         pool.n_labels = LABELS;
-        PoolConfig *pools[] = { &pool };
-        LaneConfig lane = { .name = (char *) "l", .pools = (char *[]) { (char *) "rigs", NULL }, .n_pools = 1,
-                            .policy = LANE_POLICY_WAIT, .max_in_use = -1, .max_hold = USEC_INFINITY };
-        LaneConfig *lanes[] = { &lane };
-        c.pools = pools;
-        c.n_pools = 1;
-        c.lanes = lanes;
-        c.n_lanes = 1;
-
-        Engine *e;
-        if (engine_new(engine_random, NULL, &e) < 0 || engine_configure(e, &c, 0) < 0) {
-                fprintf(stderr, "engine set-up failed\n");
-                exit(EXIT_FAILURE);
-        }
+        Engine *e = engine_with(&pool);
         size_t n = MEMBERS + n_waiters + n_releases;
         Slot *slots = calloc(n, sizeof(Slot));
         uint64_t *lat = calloc(n_releases, sizeof(uint64_t));
@@ -177,7 +178,6 @@ static void run(bool labelled, size_t n_waiters, size_t n_releases) {
 /* ARRIVALS arrivals one after the other at the big pool (labelled: a selector each, or none), each granted and
  * released at once. Prints p50/p99/max and the total of acquire + grant, in µs. */
 static void run_arrivals(bool labelled, size_t n_arrivals) {
-        BrokerConfig c = {};
         PoolConfig pool = { .name = (char *) "fleet", .limit = BIG_MEMBERS, .n_members = BIG_MEMBERS, .max_queue = -1 };
         char **members = calloc(BIG_MEMBERS + 1, sizeof(char *)), **half = calloc(BIG_MEMBERS / 2 + 1, sizeof(char *));
         if (!members || !half)
@@ -192,20 +192,7 @@ static void run_arrivals(bool labelled, size_t n_arrivals) {
         pool.members = members;
         pool.labels = labels;
         pool.n_labels = 1;
-        PoolConfig *pools[] = { &pool };
-        LaneConfig lane = { .name = (char *) "l", .pools = (char *[]) { (char *) "fleet", NULL }, .n_pools = 1,
-                            .policy = LANE_POLICY_WAIT, .max_in_use = -1, .max_hold = USEC_INFINITY };
-        LaneConfig *lanes[] = { &lane };
-        c.pools = pools;
-        c.n_pools = 1;
-        c.lanes = lanes;
-        c.n_lanes = 1;
-
-        Engine *e;
-        if (engine_new(engine_random, NULL, &e) < 0 || engine_configure(e, &c, 0) < 0) {
-                fprintf(stderr, "engine set-up failed\n");
-                exit(EXIT_FAILURE);
-        }
+        Engine *e = engine_with(&pool);
         uint64_t *lat = calloc(MAX(n_arrivals, (size_t) 1), sizeof(uint64_t)), total = 0;
         if (!lat)
                 exit(EXIT_FAILURE);
