@@ -42,7 +42,7 @@ int selector_resolve(const Selector *s, char *const *members, const PoolLabel *l
 
 /* A pool's members and labels made into sets once per configuration, so that resolving a selector (at each
  * arrival) costs O(terms × members/64) and a binary search per term and for the named member, not a string
- * comparison per member and label member (10,000 members and a label of 5,000 took seconds an arrival). It
+ * comparison per member and label member (10,000 members and a label of 5,000: 0.28 s an arrival). It
  * borrows `members` and `labels` (the names): they must outlive it, unchanged. Size: ⌈members/64⌉ words per
  * label that names a member. */
 typedef struct MemberSets MemberSets;
