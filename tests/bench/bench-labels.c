@@ -51,18 +51,26 @@ static int cmp_u64(const void *a, const void *b) {
         return x < y ? -1 : x > y;
 }
 
-/* An engine with `pool` (its names kept alive by the caller) and a lane "l" that waits for it. */
-static Engine *engine_with(PoolConfig *pool) {
+/* `pool` (its names kept alive by the caller) and a lane "l" that waits for it, configured at `now`. */
+static void configure(Engine *e, PoolConfig *pool, usec_t now) {
         PoolConfig *pools[] = { pool };
         LaneConfig lane = { .name = (char *) "l", .pools = (char *[]) { pool->name, NULL }, .n_pools = 1,
                             .policy = LANE_POLICY_WAIT, .max_in_use = -1, .max_hold = USEC_INFINITY };
         LaneConfig *lanes[] = { &lane };
         BrokerConfig c = { .pools = pools, .n_pools = 1, .lanes = lanes, .n_lanes = 1 };
+        if (engine_configure(e, &c, now) < 0) {
+                fprintf(stderr, "engine configuration failed\n");
+                exit(EXIT_FAILURE);
+        }
+}
+
+static Engine *engine_with(PoolConfig *pool) {
         Engine *e;
-        if (engine_new(engine_random, NULL, &e) < 0 || engine_configure(e, &c, 0) < 0) {
+        if (engine_new(engine_random, NULL, &e) < 0) {
                 fprintf(stderr, "engine set-up failed\n");
                 exit(EXIT_FAILURE);
         }
+        configure(e, pool, 0);
         return e;
 }
 
@@ -174,9 +182,11 @@ static void run(bool labelled, size_t n_waiters, size_t n_releases) {
 }
 
 #define BIG_MEMBERS 10000
+#define RELOADS 4
 
 /* ARRIVALS arrivals one after the other at the big pool (labelled: a selector each, or none), each granted and
- * released at once. Prints p50/p99/max and the total of acquire + grant, in µs. */
+ * released at once. Prints p50/p99/max and the total of acquire + grant, in µs. Then RELOADS reloads that list
+ * the members in reverse order and back (their lives and the label's sets follow by name): the slowest. */
 static void run_arrivals(bool labelled, size_t n_arrivals) {
         PoolConfig pool = { .name = (char *) "fleet", .limit = BIG_MEMBERS, .n_members = BIG_MEMBERS, .max_queue = -1 };
         char **members = calloc(BIG_MEMBERS + 1, sizeof(char *)), **half = calloc(BIG_MEMBERS / 2 + 1, sizeof(char *));
@@ -236,12 +246,25 @@ static void run_arrivals(bool labelled, size_t n_arrivals) {
                         ;
                 engine_request_unref(request);
         }
+        uint64_t reload_max = 0;
+        for (size_t i = 0; i < RELOADS; i++) {
+                for (size_t k = 0; k < BIG_MEMBERS / 2; k++) {
+                        char *m = members[k];
+                        members[k] = members[BIG_MEMBERS - 1 - k];
+                        members[BIG_MEMBERS - 1 - k] = m;
+                }
+                now += 1000;
+                uint64_t t0 = bench_now_ns();
+                configure(e, &pool, now);
+                reload_max = MAX(reload_max, bench_now_ns() - t0);
+        }
         if (n_arrivals > 0) {
                 qsort(lat, n_arrivals, sizeof(uint64_t), cmp_u64);
                 printf("%-10s members %d, label on %d, arrivals %zu, grants %zu: acquire + grant p50 %.1f µs, p99 %.1f µs, "
-                       "max %.1f µs, total %.1f ms\n",
+                       "max %.1f µs, total %.1f ms; %d reloads reordering the members, the slowest %.1f ms\n",
                        labelled ? "labelled" : "unlabelled", BIG_MEMBERS, BIG_MEMBERS / 2, n_arrivals, granted,
-                       lat[n_arrivals / 2] / 1e3, lat[n_arrivals * 99 / 100] / 1e3, lat[n_arrivals - 1] / 1e3, total / 1e6);
+                       lat[n_arrivals / 2] / 1e3, lat[n_arrivals * 99 / 100] / 1e3, lat[n_arrivals - 1] / 1e3, total / 1e6,
+                       RELOADS, reload_max / 1e6);
         }
         engine_free(e);
         free(lat);
