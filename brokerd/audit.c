@@ -2,6 +2,7 @@
 #include <stdarg.h>
 #include <stdbool.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 #include <sys/epoll.h>
 #include <syslog.h>
@@ -275,10 +276,26 @@ void audit_tick(Audit *a) {
         }
 }
 
-void audit_decision(Audit *a, const AuditRecord *r) {
-        int k = decision_index(r->decision);
+/* A request's job label is any text its client sent: the journal and the history keep it as one line, each control
+ * character (C1 included) and U+2028/U+2029 as '?' (conf_text_sanitize(), as a quarantine keeps it), so that no
+ * label forges a line, retitles a terminal or makes journalctl show the entry as "[blob data]". A copy (*ret_job,
+ * the caller's to free) only for a label that needs it; out of memory the record goes without its job. */
+static const AuditRecord *record_one_line(const AuditRecord *r, AuditRecord *copy, char **ret_job) {
+        *ret_job = NULL;
+        if (conf_text_is_one_line(r->job))
+                return r;
+        *copy = *r;
+        copy->job = *ret_job = conf_text_sanitize(strdup(r->job));
+        return copy;
+}
+
+void audit_decision(Audit *a, const AuditRecord *record) {
+        int k = decision_index(record->decision);
         if (k < 0)
                 return;
+        AuditRecord copy;
+        _cleanup_free_ char *job = NULL;
+        const AuditRecord *r = record_one_line(record, &copy, &job);
         if (a->metrics)
                 metrics_record(a->metrics, r);
         if (a->history)
@@ -293,9 +310,12 @@ void audit_decision(Audit *a, const AuditRecord *r) {
                 journal_decision(a, r, k);
 }
 
-void audit_decision_share(Audit *a, const AuditRecord *r) {
-        if (decision_index(r->decision) < 0)
+void audit_decision_share(Audit *a, const AuditRecord *record) {
+        if (decision_index(record->decision) < 0)
                 return;
+        AuditRecord copy;
+        _cleanup_free_ char *job = NULL;
+        const AuditRecord *r = record_one_line(record, &copy, &job);
         if (a->metrics)
                 metrics_record(a->metrics, r);
         if (a->history)

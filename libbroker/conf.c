@@ -155,6 +155,13 @@ size_t conf_text_control_len(const char *s) {
         return 0;
 }
 
+bool conf_text_is_one_line(const char *s) {
+        for (; s && *s; s++)
+                if (conf_text_control_len(s) > 0)
+                        return false;
+        return true;
+}
+
 char *conf_text_sanitize(char *s) {
         char *w = s;
         for (const char *r = s; r && *r;) {
@@ -171,12 +178,7 @@ char *conf_text_sanitize(char *s) {
 }
 
 bool conf_reason_is_valid(const char *s) {
-        if (!s || !*s || strlen(s) > CONF_REASON_MAX)
-                return false;
-        for (; *s; s++)
-                if (conf_text_control_len(s) > 0)
-                        return false;
-        return true;
+        return s && *s && strlen(s) <= CONF_REASON_MAX && conf_text_is_one_line(s);
 }
 
 /* A user or group for allow-users=/allow-groups=: a numeric id, or a name as useradd and LDAP allow it.

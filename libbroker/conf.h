@@ -261,6 +261,8 @@ bool conf_reason_is_valid(const char *s);
 /* The length in bytes of the control character s starts with (C0 but NUL, DEL, C1 as UTF-8, U+2028, U+2029): what
  * a reason may not carry, and what one line of text shown or journaled must not; 0 if it starts with none. */
 size_t conf_text_control_len(const char *s);
+/* Whether s (NULL: none) has no control character (conf_text_control_len()): conf_text_sanitize() leaves it be. */
+bool conf_text_is_one_line(const char *s);
 /* Each control character of s (conf_text_control_len()) replaced by one '?', in place (s gets no longer). NULL
  * stays NULL. Returns s. */
 char *conf_text_sanitize(char *s);

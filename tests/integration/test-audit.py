@@ -8,7 +8,8 @@ busy, full, timeout, shed, unavailable (drain), denied (allow-users), revoked (m
 restored (after a SIGKILL and a start), cancelled (an admin Cancel) and, with audit=all, granted and
 released — and its entry is checked: the SLOT_* fields that apply, with the values the client saw; the
 MESSAGE_ID fixed per decision and present in units/slotbroker.catalog (parsed by journalctl itself); the
-tag opening MESSAGE. Also: congestion on/off and reload entries; with audit=decisions grants are in the
+tag opening MESSAGE. Also: a job label with control characters (C1 included) is one line in SLOT_JOB, MESSAGE
+and the history; congestion on/off and reload entries; with audit=decisions grants are in the
 history but not in the journal; a storm of 1,000 refusals gives at most 100 entries and one "suppressed
 N" entry accounting for the rest (checked against slotctl history); and with journald stopped (SIGSTOP)
 during the storm brokerd keeps answering, and the entries arrive once journald continues.
@@ -444,6 +445,42 @@ policy = fail-fast
         self.assertEqual(journal("SLOT_JOB=H-holder"), [], "audit=decisions journaled a grant")
         self.assertEqual(journal(f"SLOT_LEASE={lease['id']}"), [])
         holder.close()
+
+    def test_a_job_label_is_one_line_in_the_journal_and_the_history(self):
+        """A job label is any text a client sends. The journal's SLOT_JOB and MESSAGE, and the history, keep it as
+        one line, each control character (C1 included) and U+2028/U+2029 as "?", as a quarantine keeps it: no
+        escape sequence for a terminal, no forged line, no C1 character that makes journalctl show the entry as
+        "[blob data]". Status keeps it exact (slotctl escapes what it prints)."""
+        b = self.broker("""\
+[broker]
+audit = all
+
+[pool p]
+limit = 1
+
+[lane w]
+pools = p
+policy = fail-fast
+""", "audit-job-text")
+        hostile = "J\x1b]0;x\x07\r\nforged\u0085\u009b2J\u2028\u2029\tend\u00a0"
+        one_line = "J?]0;x???forged??2J???end\u00a0"  # a no-break space is text
+        holder = self.acquire(b, "w", job=hostile)
+        lease = holder.until_granted()
+        self.assertEqual(b.status()["holders"][0]["lease"]["job"], hostile)
+        with self.assertRaises(VarlinkError):
+            b.call("io.slotbroker.Acquire", {"lane": "w", "job": hostile})
+        self.expect_one("busy", one_line, SLOT_LANE="w", SLOT_POOL="p")
+        e = self.expect_one("granted", one_line, SLOT_LANE="w", SLOT_POOL="p", SLOT_LEASE=lease["id"])
+        self.assertIn(f"(lane w, job {one_line})", e["MESSAGE"])
+        holder.close()
+        b.wait_idle()
+
+        def jobs():
+            events = b.call("io.slotbroker.History", {})["events"]
+            got = [(e["decision"], e.get("job")) for e in events]
+            return got if {"granted", "busy", "released"} <= {d for d, _ in got} else None
+        got = wait_for(jobs, 10, message="the grant, the refusal and the release in the history")
+        self.assertEqual({j for _, j in got}, {one_line}, got)
 
     def test_admin_cancel_is_journaled_as_a_refusal(self):
         """An administrator's Cancel refuses the waiter (Unavailable, slotctl exits 75): it is journaled and
