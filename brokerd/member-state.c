@@ -67,7 +67,10 @@ static int get_text(json_t *o, const char *key, char **ret) {
         }
         if (!json_is_string(v) || !member_state_text_is_valid(json_string_value(v)))
                 return -EBADMSG;
-        *ret = strdup(json_string_value(v));
+        /* A C1 character or U+2028/U+2029 is no damage: a brokerd before the quarantine's job label was mapped
+         * through conf_text_sanitize() kept them, and so did one before a reason refused them. They are mapped
+         * as such a brokerd maps them now: what is shown, journaled and written back is one line. */
+        *ret = conf_text_sanitize(strdup(json_string_value(v)));
         return *ret ? 0 : -ENOMEM;
 }
 

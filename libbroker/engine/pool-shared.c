@@ -2137,8 +2137,9 @@ static void life_free(PoolMemberLife *life, size_t n) {
         free(life);
 }
 
-/* One line of text from Redis (untrusted): at most LIFE_TEXT_MAX bytes, no control character; NULL for an
- * empty one. *bad set when it is not one. */
+/* One line of text from Redis (untrusted): at most LIFE_TEXT_MAX bytes, no C0 control character or DEL; NULL for
+ * an empty one. *bad set when it is not one. A C1 character or U+2028/U+2029 is mapped to '?' as a node maps a
+ * job label it writes (conf_text_sanitize()): a node of a version before that one wrote them there. */
 static char *life_text(const RespValue *v, bool *bad) {
         if (!v || v->type != RESP_STRING || v->len > LIFE_TEXT_MAX) {
                 *bad = true;
@@ -2149,7 +2150,7 @@ static char *life_text(const RespValue *v, bool *bad) {
                         *bad = true;
                         return NULL;
                 }
-        return v->len > 0 ? resp_strdup(v) : NULL;
+        return v->len > 0 ? conf_text_sanitize(resp_strdup(v)) : NULL;
 }
 
 /* The lives of the members as configured, not the pool's yet (life_adopt()). Returns 0, -ENOMEM. */

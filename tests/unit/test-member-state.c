@@ -112,6 +112,25 @@ static void test_damage_is_refused_whole(void **state) {
         free(moved);
 }
 
+/* What a brokerd before the job label's mapping wrote (a C1 character, U+2028/U+2029 in a quarantine's job, in a
+ * reason of one before reasons refused them) is no damage: it reads, mapped to one line as such a brokerd maps
+ * it now (conf_text_sanitize()). */
+static void test_c1_and_line_separators_read_as_one_line(void **state) {
+        write_file("{\"slotbroker\":\"members\",\"version\":1,\"entries\":[{\"pool\":\"p\",\"member\":\"m\","
+                   "\"drain\":{\"since\":1,\"by\":\"uid\\u00850\",\"reason\":\"a\\u2028b\"},"
+                   "\"quarantine\":{\"since\":1,\"job\":\"nel\\u0085csi\\u009b[1m\\u2029\\u00a0\",\"exitStatus\":3,"
+                   "\"reason\":\"r\\u009f\"}}]}");
+        MemberStateEntry *e = NULL;
+        size_t n = 0;
+        assert_int_equal(member_state_read(dir, &e, &n), 0);
+        assert_int_equal(n, 1);
+        assert_string_equal(e[0].drain_by, "uid?0");
+        assert_string_equal(e[0].drain_reason, "a?b");
+        assert_string_equal(e[0].quarantine_job, "nel?csi?[1m?\xc2\xa0"); /* a no-break space is text */
+        assert_string_equal(e[0].quarantine_reason, "r?");
+        member_state_entries_free(e, n);
+}
+
 static void test_text_rules(void **state) {
         assert_true(member_state_text_is_valid("flash worn: 93%"));
         assert_false(member_state_text_is_valid(""));
@@ -130,6 +149,7 @@ int main(void) {
                 cmocka_unit_test_setup_teardown(test_no_file_is_no_entries, setup, teardown),
                 cmocka_unit_test_setup_teardown(test_round_trip, setup, teardown),
                 cmocka_unit_test_setup_teardown(test_damage_is_refused_whole, setup, teardown),
+                cmocka_unit_test_setup_teardown(test_c1_and_line_separators_read_as_one_line, setup, teardown),
                 cmocka_unit_test_setup_teardown(test_text_rules, setup, teardown),
         };
         return cmocka_run_group_tests(tests, NULL, NULL);

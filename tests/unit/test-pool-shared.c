@@ -2456,6 +2456,36 @@ static void test_quarantines_from_replies_hostile_entries_dropped(void **state) 
         assert_null(info.life[1].job);
 }
 
+/* Pool grid, members a and b, its link up at S(1): its first tick, called. */
+static const SharedCall *members_pool_up(Fixture *f) {
+        char *members[] = { (char *) "a", (char *) "b", NULL };
+        PoolConfig pc = { .name = (char *) "grid", .limit = 2, .max_queue = -1, .members = members, .n_members = 2 };
+        PoolLaneRule rules[] = { { .lane = "ci", .priority = 0, .max_in_use = -1 } };
+        assert_int_equal(pool_configure(f->pool, &pc, rules, 1, S(1)), 0);
+        pool_shared_link_up(f->pool, "run1", S(1));
+        return take(f, SHARED_SCRIPT_TICK);
+}
+
+/* A quarantine an older node wrote to Redis may carry C1 characters and U+2028/U+2029 in its job and reason (a
+ * node maps them now, conf_text_sanitize()): not bad input, but mapped as this node maps them, so that Status and
+ * the journal get one line of text. C0 stays bad input (above). */
+static void test_quarantine_texts_from_replies_are_one_line(void **state) {
+        Fixture *f = *state;
+        const SharedCall *c = members_pool_up(f);
+        RespValue life = arr(1, arr(6, str("b"), num(S(1)), str("nel\xc2\x85" "csi\xc2\x9b" "[1m ls\xe2\x80\xa8" "ok\xc2\xa0"),
+                                    num(3), str("node-b"), str("ps\xe2\x80\xa9" "r")));
+        RespValue cache14 = arr(14, num(0), num(0), num(0), num(0), num(0), num(-1), num(100), str("e1"), num(0),
+                                str(""), num(2), str(""), EMPTY, life);
+        RespValue r = arr(6, str("ok"), num(S(1)), tick_body("ok", EMPTY, 0, 0, 0, ""), EMPTY, cache14, EMPTY);
+        done(f, c, r, S(1), S(1));
+        PoolInfo info;
+        f->pool->ops->info(f->pool, S(2), &info);
+        assert_true(info.life[1].quarantined);
+        assert_string_equal(info.life[1].job, "nel?csi?[1m ls?ok\xc2\xa0"); /* a no-break space is text */
+        assert_string_equal(info.life[1].reason, "ps?r");
+        assert_int_equal(info.bad_input, 0);
+}
+
 /* SPEC §3.6, slotbroker_member_*_total (brokerd(8) METRICS): this node's counts of a member survive reloads,
  * one that drops the member and another that lists it again too, as a local pool's do: counters that went
  * back to 0 while brokerd ran would be read by Prometheus as a restart. */
@@ -2541,12 +2571,7 @@ static void test_member_counts_follow_their_names_across_reorders(void **state) 
  * the ends of int64 are mapped to the node's clock without overflow (the pool clock 500 µs ahead of it). */
 static void test_drains_from_replies_hostile_entries_dropped(void **state) {
         Fixture *f = *state;
-        char *members[] = { (char *) "a", (char *) "b", NULL };
-        PoolConfig pc = { .name = (char *) "grid", .limit = 2, .max_queue = -1, .members = members, .n_members = 2 };
-        PoolLaneRule rules[] = { { .lane = "ci", .priority = 0, .max_in_use = -1 } };
-        assert_int_equal(pool_configure(f->pool, &pc, rules, 1, S(1)), 0);
-        pool_shared_link_up(f->pool, "run1", S(1));
-        const SharedCall *c = take(f, SHARED_SCRIPT_TICK);
+        const SharedCall *c = members_pool_up(f);
         static char big[1 << 16];
         memset(big, 'w', sizeof big - 1);
         RespValue drains = arr(10,
@@ -4494,6 +4519,7 @@ int main(void) {
                 T(test_canon_carries_lane_budgets),
                 T(test_canon_carries_labels_and_submit_its_selector),
                 T(test_quarantines_from_replies_hostile_entries_dropped),
+                T(test_quarantine_texts_from_replies_are_one_line),
                 T(test_member_counts_survive_a_reload_without_the_member),
                 T(test_member_counts_follow_their_names_across_reorders),
                 T(test_submit_granted_at_once),
