@@ -479,7 +479,7 @@ static void on_connection_handled(void *userdata) {
  * showed a lease and its token that a brokerd killed in between never restored, and its mark below that
  * token handed the token out again, to another lease (test-restart under load: tokens went back, SPEC §3.4).
  * Not from inside a settle: a call resumed by one of its events waits for the drain instead
- * (methods_status_flush()). */
+ * (methods_views_flush()). */
 static bool manager_settle_for_reply(Manager *m) {
         if (m->settling)
                 return false;
@@ -843,9 +843,10 @@ void manager_drain(Manager *m) {
                 while (lease_table_flush(&m->leases));
                 if (m->member_state_dirty) /* a failed write is tried again at the next drain, said once */
                         manager_write_member_state(m);
-                /* Status replies whose snapshots came (a Redis reply was this dispatch), whose wait is over, or
-                 * that were asked inside the settle; the calls behind an answered one ran: round again. */
-        } while (methods_status_flush(&m->methods, now_monotonic()));
+                /* The Status and Metrics calls of this iteration (a Status whose snapshots came, or whose wait is
+                 * over, too), each kind rendered once; the calls behind an answered one ran: round again (what
+                 * they ask of Status or Metrics waits for the next iteration). */
+        } while (methods_views_flush(&m->methods, now_monotonic()));
         /* Last: no event still queued can name a closed session any more. */
         manager_collect(m);
 }

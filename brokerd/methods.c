@@ -140,7 +140,7 @@ static json_t *pool_status(Methods *m, size_t i, usec_t now) {
                 if (b && info.unavailable)
                         json_object_set_new(b, "unavailable", json_string(info.unavailable));
                 /* The other nodes' holders and waiters are as of this: a Status that came while the pool
-                 * served had a fetch asked for after it (methods_status_flush()). */
+                 * served had a fetch asked for after it (methods_views_flush()). */
                 PoolSnapshot snap;
                 if (b && engine_pool_snapshot(m->engine, i, &snap) >= 0)
                         json_object_set_new(b, "snapshotAgeMs",
@@ -421,18 +421,6 @@ static bool status_settle(Methods *m) {
         return !m->settle || m->settle(m->userdata);
 }
 
-/* Built right after status_settle(), with nothing between: a grant the engine made is a lease by then, in
- * holders as in inUse, and a waiter it granted or refused has left both the queue and the waiters. */
-static void status_reply(Session *s) {
-        _cleanup_(json_decrefp) json_t *p = status_build(methods_of(s));
-        if (!p) {
-                log_oom();
-                session_close(s);
-                return;
-        }
-        session_reply(s, p, false);
-}
-
 /* Whether a shared pool's snapshot asked for at or after `since` is still on its way (each such pool is
  * asked to fetch one). */
 static bool status_wants_fresh(Methods *m, usec_t since, usec_t now) {
@@ -443,8 +431,7 @@ static bool status_wants_fresh(Methods *m, usec_t since, usec_t now) {
 }
 
 static int on_status_timer(sd_event_source *source, uint64_t usec, void *userdata) {
-        methods_status_flush(userdata, now_monotonic());
-        return 0;
+        return 0; /* the drain after this dispatch answers the calls whose wait is over (methods_views_flush()) */
 }
 
 /* The timer at the first waiting reply's deadline (they wait in arrival order), off when none waits. */
@@ -455,7 +442,7 @@ static void status_timer_arm(Methods *m) {
                         (void) sd_event_source_set_enabled(m->status_timer, SD_EVENT_OFF);
                 return;
         }
-        usec_t at = usec_add(container_of(first, Session, status_node)->status_since, METHODS_STATUS_FRESH_WAIT);
+        usec_t at = usec_add(container_of(first, Session, view_node)->view_since, METHODS_STATUS_FRESH_WAIT);
         if (!m->status_timer) {
                 if (sd_event_add_time(m->event, &m->status_timer, CLOCK_MONOTONIC, at, 10 * USEC_PER_MSEC,
                                       on_status_timer, m) < 0) {
@@ -467,37 +454,210 @@ static void status_timer_arm(Methods *m) {
         (void) sd_event_source_set_enabled(m->status_timer, SD_EVENT_ONESHOT);
 }
 
-/* The first waiting reply that may go now, or NULL. */
-static Session *status_next_due(Methods *m, usec_t now) {
-        list_foreach(n, &m->sessions->status_waiting) {
-                Session *s = container_of(n, Session, status_node);
-                if (now >= usec_add(s->status_since, METHODS_STATUS_FRESH_WAIT) || !status_wants_fresh(m, s->status_since, now))
+/* ---- Status and Metrics: the whole state, rendered once for every call that waits for it ---- */
+
+/* The whole reply message for parameters p (taken), or NULL when out of memory. */
+static SessionText *view_text(json_t *p) {
+        _cleanup_(json_decrefp) json_t *parameters = p;
+        _cleanup_(json_decrefp) json_t *msg = p ? json_pack("{s:O}", "parameters", p) : NULL;
+        char *data;
+        size_t size;
+        if (!msg || json_format(msg, &data, &size) < 0)
+                return NULL;
+        return session_text_new(data, size + 1); /* with the NUL that ends it */
+}
+
+/* Rendered right after status_settle(), with nothing between: a grant the engine made is a lease by then, in
+ * holders as in inUse, and a waiter it granted or refused has left both the queue and the waiters. The same
+ * for every caller: Status shows nothing that depends on who asks. */
+static SessionText *status_render(Methods *m) {
+        return view_text(status_build(m));
+}
+
+static SessionText *metrics_render_text(Methods *m) {
+        _cleanup_free_ char *text = NULL;
+        MetricsGauges g;
+        m->gauges(&g, m->userdata);
+        if (metrics_render(m->metrics, &g, &text) < 0)
+                return NULL;
+        return view_text(json_pack("{s:s}", "text", text));
+}
+
+/* Status waits for the shared pools' snapshots of other nodes asked for after the call came, at most
+ * METHODS_STATUS_FRESH_WAIT. */
+static bool status_due(Methods *m, const Session *s, usec_t now) {
+        return now >= usec_add(s->view_since, METHODS_STATUS_FRESH_WAIT) || !status_wants_fresh(m, s->view_since, now);
+}
+
+typedef struct View {
+        List *waiting;                  /* Session.view_node */
+        uint64_t *rendered;             /* the loop iteration of its last rendering (views_iteration()) */
+        SessionText *(*render)(Methods *m);
+        bool (*due)(Methods *m, const Session *s, usec_t now); /* NULL: every call waiting is */
+} View;
+
+static Session *view_first_due(Methods *m, const View *v, usec_t now) {
+        list_foreach(n, v->waiting) {
+                Session *s = container_of(n, Session, view_node);
+                if (!v->due || v->due(m, s, now))
                         return s;
         }
         return NULL;
 }
 
-bool methods_status_flush(Methods *m, usec_t now) {
-        bool answered = false;
-        /* One at a time, each found afresh: settling, and the calls resumed behind a reply, may close other
-         * waiting sessions (which unlinks them), and they change the engine, so each reply settles again. */
-        for (Session *s; (s = status_next_due(m, now));) {
-                if (!status_settle(m))
-                        break; /* the owner's next drain answers the rest */
-                if (!list_node_is_linked(&s->status_node))
-                        continue; /* closed by the settle (its connection went): nobody to answer */
-                list_unlink(&s->status_node);
-                status_reply(s);
-                answered = true;
-                if (!s->closed)
-                        connection_resume(s->connection); /* the calls behind it */
+/* This loop iteration, counted from 1. */
+static uint64_t views_iteration(Methods *m) {
+        uint64_t it;
+        return sd_event_get_iteration(m->event, &it) >= 0 ? it + 1 : 0;
+}
+
+static int on_views_wake(sd_event_source *source, void *userdata) {
+        return 0; /* the drain after this dispatch answers them (methods_views_flush()) */
+}
+
+/* A dispatch in a later loop iteration, even if nothing else comes; at idle priority: the sources pending
+ * (a batch of connections, the timers) go first. Returns false when it cannot be had. */
+static bool views_wake(Methods *m) {
+        if (!m->views_wake) {
+                if (sd_event_add_defer(m->event, &m->views_wake, on_views_wake, m) < 0) {
+                        m->views_wake = NULL;
+                        return false;
+                }
+                (void) sd_event_source_set_priority(m->views_wake, SD_EVENT_PRIORITY_IDLE);
         }
+        return sd_event_source_set_enabled(m->views_wake, SD_EVENT_ONESHOT) >= 0;
+}
+
+static bool view_reply(Session *s, SessionText *t);
+
+/* One rendering answers every call of the kind that is due: each came before it, so each sees the state of an
+ * instant between its call and its reply, never older; and N clients asking at once cost one rendering, not N,
+ * on the loop that everybody's Acquire waits for. A Status or Metrics pipelined behind an answered call was in
+ * our input before the rendering too: it takes the same text (view_wait()), at no cost but its bytes, up to
+ * the output cap. Once per loop iteration at most: a call that comes in a later round of the owner's drain
+ * waits for the next iteration's rendering, after the other connections' turn. */
+static bool view_flush(Methods *m, const View *v, usec_t now) {
+        if (!view_first_due(m, v, now))
+                return false;
+        uint64_t it = views_iteration(m);
+        if (it > 0 && *v->rendered == it && views_wake(m))
+                return false;
+        if (!status_settle(m))
+                return false; /* the owner's next drain answers them */
+        /* Those that the settle's events closed left the list; those it resumed joined it. */
+        List due;
+        list_init(&due);
+        list_foreach_safe(n, v->waiting)
+                if (!v->due || v->due(m, container_of(n, Session, view_node), now)) {
+                        list_unlink(n);
+                        list_append(&due, n);
+                }
+        _cleanup_(session_text_unrefp) SessionText *t = v->render(m);
+        *v->rendered = it;
+        m->answering = v->waiting;
+        m->answering_text = t;
+        /* One at a time: the calls resumed behind a reply may close other sessions (which unlinks them). */
+        for (ListNode *n; (n = list_first(&due));) {
+                Session *s = container_of(n, Session, view_node);
+                list_unlink(n);
+                if (!t) {
+                        log_oom();
+                        session_close(s);
+                } else if (view_reply(s, t))
+                        connection_resume(s->connection); /* sends it; the calls behind it run */
+        }
+        m->answering = NULL;
+        m->answering_text = NULL;
+        return true;
+}
+
+bool methods_views_flush(Methods *m, usec_t now) {
+        bool answered = view_flush(m,
+                                   &(View) { &m->sessions->status_waiting, &m->status_rendered, status_render, status_due },
+                                   now);
+        answered = view_flush(m, &(View) { &m->sessions->metrics_waiting, &m->metrics_rendered, metrics_render_text }, now) ||
+                   answered;
         status_timer_arm(m);
         return answered;
 }
 
 void methods_done(Methods *m) {
         m->status_timer = sd_event_source_disable_unref(m->status_timer);
+        m->views_wake = sd_event_source_disable_unref(m->views_wake);
+}
+
+/* The call waits for the drain at the end of this loop iteration, and the calls behind it with it; a call that
+ * is due and runs while that drain sends a text of its kind (it was pipelined behind one) takes that text. */
+static void view_wait(Session *s, List *waiting, usec_t now, bool due) {
+        Methods *m = methods_of(s);
+        if (due && m->answering == waiting) {
+                (void) view_reply(s, m->answering_text); /* whole: the calls behind it run on; else they wait */
+                return;
+        }
+        s->view_since = now;
+        list_append(waiting, &s->view_node);
+}
+
+static void on_view_output_below(Connection *c);
+
+/* Queues the rest of a Status or Metrics reply, half the output cap at a time while the unsent output is below
+ * half the cap; once all of it is queued, the calls behind it run. */
+static void view_reply_continue(Session *s) {
+        SessionText *t = s->reply_text;
+        size_t half = connection_get_output_max(s->connection) / 2;
+        for (;;) {
+                while (s->reply_sent < t->size && connection_get_pending_output(s->connection) < half) {
+                        size_t n = MIN(half, t->size - s->reply_sent);
+                        /* Below half the cap, plus at most half: never past it. */
+                        if (connection_reply_part(s->connection, t->data + s->reply_sent, n) < 0) {
+                                if (!s->closed) {
+                                        log_oom();
+                                        session_close(s);
+                                }
+                                return;
+                        }
+                        s->reply_sent += n;
+                }
+                if (s->reply_sent == t->size) {
+                        s->reply_text = session_text_unref(s->reply_text);
+                        connection_set_held(s->connection, false); /* sends it; the calls behind it run */
+                        return;
+                }
+                connection_resume(s->connection); /* sends what the socket takes now */
+                if (s->closed)
+                        return;
+                if (connection_get_pending_output(s->connection) >= half) {
+                        connection_when_output_below(s->connection, half, on_view_output_below);
+                        return;
+                }
+        }
+}
+
+static void on_view_output_below(Connection *c) {
+        view_reply_continue(connection_get_userdata(c));
+}
+
+/* Queues t as s's reply. Whole where it fits now, below half the output cap: returns true, and the caller runs
+ * the calls behind it. Else false: the text grows with the configuration (a member pool's Metrics families have
+ * a line per member, its Status a name per member), and past max-output-per-connection= it goes as the client
+ * reads it, as a History page does, not as the reply of a client that does not read; the connection holds the
+ * text meanwhile, and the calls behind it wait. */
+static bool view_reply(Session *s, SessionText *t) {
+        size_t half = connection_get_output_max(s->connection) / 2;
+        if (t->size <= half && connection_get_pending_output(s->connection) < half) {
+                if (connection_reply_part(s->connection, t->data, t->size) >= 0)
+                        return true;
+                if (!s->closed) {
+                        log_oom();
+                        session_close(s);
+                }
+                return false;
+        }
+        s->reply_text = session_text_ref(t);
+        s->reply_sent = 0;
+        connection_set_held(s->connection, true);
+        view_reply_continue(s);
+        return false;
 }
 
 /* Status of a shared pool shows the other nodes from a snapshot asked for after the call came: the reply
@@ -505,22 +665,12 @@ void methods_done(Methods *m) {
 static void method_status(Session *s, const VarlinkCall *call) {
         if (!parameters_ok(s, call, (const JsonField[]) { {} }))
                 return;
+        if (connection_get_oneway(s->connection))
+                return; /* nobody wants the answer, and reading changes nothing */
         Methods *m = methods_of(s);
         usec_t now = now_monotonic();
-        /* Not settled: asked inside the owner's settle (the call was resumed by one of its events); its drain
-         * answers it once every queued event is handed on. */
-        bool wait = m->event && status_wants_fresh(m, now, now);
-        if (!wait && !status_settle(m))
-                wait = m->event != NULL;
-        if (wait) {
-                s->status_since = now;
-                list_append(&m->sessions->status_waiting, &s->status_node);
-                status_timer_arm(m);
-                return;
-        }
-        if (s->closed)
-                return;
-        status_reply(s);
+        view_wait(s, &m->sessions->status_waiting, now, !status_wants_fresh(m, now, now));
+        status_timer_arm(m);
 }
 
 static void method_reload(Session *s, const VarlinkCall *call) {
@@ -791,81 +941,12 @@ static void method_history(Session *s, const VarlinkCall *call) {
         history_call_start(methods_of(s)->history_calls, s, call);
 }
 
-static void on_metrics_output_below(Connection *c);
-
-/* Queues the rest of a Metrics reply going out in parts, half the output cap at a time while the unsent output
- * is below half the cap; once all of it is queued, the calls behind it run. */
-static void metrics_reply_continue(Session *s) {
-        size_t half = connection_get_output_max(s->connection) / 2;
-        for (;;) {
-                while (s->metrics_sent < s->metrics_size && connection_get_pending_output(s->connection) < half) {
-                        size_t n = MIN(half, s->metrics_size - s->metrics_sent);
-                        /* Below half the cap, plus at most half: never past it. */
-                        if (connection_reply_part(s->connection, s->metrics_reply + s->metrics_sent, n) < 0) {
-                                if (!s->closed) {
-                                        log_oom();
-                                        session_close(s);
-                                }
-                                return;
-                        }
-                        s->metrics_sent += n;
-                }
-                if (s->metrics_sent == s->metrics_size) {
-                        s->metrics_reply = mfree(s->metrics_reply);
-                        connection_set_held(s->connection, false); /* sends it; the calls behind it run */
-                        return;
-                }
-                connection_resume(s->connection); /* sends what the socket takes now */
-                if (s->closed)
-                        return;
-                if (connection_get_pending_output(s->connection) >= half) {
-                        connection_when_output_below(s->connection, half, on_metrics_output_below);
-                        return;
-                }
-        }
-}
-
-static void on_metrics_output_below(Connection *c) {
-        metrics_reply_continue(connection_get_userdata(c));
-}
-
 static void method_metrics(Session *s, const VarlinkCall *call) {
         if (!parameters_ok(s, call, (const JsonField[]) { {} }))
                 return;
         if (connection_get_oneway(s->connection))
                 return; /* nobody wants the answer, and reading changes nothing */
-        _cleanup_free_ char *text = NULL;
-        MetricsGauges g;
-        methods_of(s)->gauges(&g, methods_of(s)->userdata);
-        if (metrics_render(methods_of(s)->metrics, &g, &text) < 0) {
-                log_oom();
-                session_close(s);
-                return;
-        }
-        _cleanup_(json_decrefp) json_t *p = json_pack("{s:s}", "text", text);
-        if (!p) {
-                log_oom();
-                session_close(s);
-                return;
-        }
-        /* Serialized straight into the queue, where it fits. */
-        if (connection_reply_if_room(s->connection, p) != -ENOBUFS)
-                return;
-        /* The text grows with the configuration (a member pool's families have a line per member): past
-         * max-output-per-connection= it goes as the client reads it, as a History page does, not as the reply
-         * of a client that does not read. The connection holds the message meanwhile, and the calls behind it
-         * wait. */
-        _cleanup_(json_decrefp) json_t *m = json_pack("{s:O}", "parameters", p);
-        size_t size;
-        if (!m || json_format(m, &s->metrics_reply, &size) < 0) {
-                log_oom();
-                session_close(s);
-                return;
-        }
-        s->metrics_size = size + 1; /* with the NUL that ends it */
-        s->metrics_sent = 0;
-        connection_set_held(s->connection, true);
-        metrics_reply_continue(s);
+        view_wait(s, &methods_of(s)->sessions->metrics_waiting, now_monotonic(), true);
 }
 
 static const struct {

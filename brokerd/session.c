@@ -374,6 +374,7 @@ int session_table_init(SessionTable *t, sd_event *event) {
         list_init(&t->position_queue);
         list_init(&t->notice_queue);
         list_init(&t->status_waiting);
+        list_init(&t->metrics_waiting);
         int r = sd_event_add_time(event, &t->position_timer, CLOCK_MONOTONIC, USEC_INFINITY, 10 * USEC_PER_MSEC,
                                   on_position_timer, t);
         if (r < 0)
@@ -479,12 +480,36 @@ int session_new(SessionTable *m, Connection *c, ConnectionCallFn call, Connectio
         return 0;
 }
 
+SessionText *session_text_new(char *data, size_t size) {
+        SessionText *t = malloc(sizeof(SessionText));
+        if (!t) {
+                free(data);
+                return NULL;
+        }
+        *t = (SessionText) { .n_ref = 1, .size = size, .data = data };
+        return t;
+}
+
+SessionText *session_text_ref(SessionText *t) {
+        if (t)
+                t->n_ref++;
+        return t;
+}
+
+SessionText *session_text_unref(SessionText *t) {
+        if (!t || --t->n_ref > 0)
+                return NULL;
+        free(t->data);
+        free(t);
+        return NULL;
+}
+
 static void session_free(Session *s) {
         if (!s)
                 return;
         assert(s->closed);
         connection_free(s->connection);
-        free(s->metrics_reply);
+        session_text_unref(s->reply_text);
         free(s->acquire.lane);
         free(s->acquire.job);
         strv_free(s->acquire.labels);
@@ -631,8 +656,8 @@ static bool call_releases_own_lease(const Session *s, const VarlinkCall *call) {
 }
 
 bool session_defers_call(const Session *s, const VarlinkCall *call) {
-        bool busy = s->acquire.active || s->lease || s->history_pending || s->metrics_reply ||
-                    list_node_is_linked(&s->status_node);
+        bool busy = s->acquire.active || s->lease || s->history_pending || s->reply_text ||
+                    list_node_is_linked(&s->view_node);
         return busy && !call_releases_own_lease(s, call);
 }
 
@@ -727,8 +752,8 @@ void session_on_disconnect(Session *s) {
         AcquireCall *a = &s->acquire;
 
         s->closed = true;
-        if (list_node_is_linked(&s->status_node))
-                list_unlink(&s->status_node); /* its Status reply has nobody to go to */
+        if (list_node_is_linked(&s->view_node))
+                list_unlink(&s->view_node); /* its Status or Metrics reply has nobody to go to */
         if (s->handed_over) {
                 /* The next brokerd has the request and the life line: nothing is withdrawn (a shared pool would
                  * tell Redis), audited or ended here. The engine keeps the request until it is freed with the
@@ -778,7 +803,7 @@ int session_export(Session *s, HandoverAcquire *ret, bool *ret_has_acquire) {
         AcquireCall *a = &s->acquire;
         if (s->closed)
                 return -ENOTCONN;
-        if (a->pending || s->history_pending || s->metrics_reply || list_node_is_linked(&s->status_node))
+        if (a->pending || s->history_pending || s->reply_text || list_node_is_linked(&s->view_node))
                 return -EBUSY;
         if (!a->active && !s->lease) {
                 *ret_has_acquire = false;

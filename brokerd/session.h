@@ -57,7 +57,8 @@ typedef struct SessionTable {
         RateBucket acquire_rate;        /* the node's: every uid's Acquires on shared pools */
         List position_queue;            /* waiters by when their position was last looked at */
         List notice_queue;              /* waiters whose first "queued" reply is held back, by when it is due */
-        List status_waiting;            /* Session.status_node: Status replies waiting for fresh snapshots */
+        List status_waiting;            /* Session.view_node: Status calls waiting for the drain (and fresh snapshots) */
+        List metrics_waiting;           /* Session.view_node: Metrics calls waiting for the drain */
         sd_event_source *position_timer;
         sd_event_source *notice_timer;
         sd_event_source *test_renew_timer; /* SLOTBROKER_TEST_RENEW_MS, tests only */
@@ -117,6 +118,19 @@ typedef struct AcquireCall {
         Lease *pending;            /* granted, its row being written: the answer waits for it */
 } AcquireCall;
 
+/* A reply's whole message, its NUL included, rendered once and sent to each session it answers. */
+typedef struct SessionText {
+        unsigned n_ref;
+        size_t size;
+        char *data;
+} SessionText;
+
+/* Takes data (malloc'ed, size bytes). Returns NULL when out of memory (data is freed then). */
+SessionText *session_text_new(char *data, size_t size);
+SessionText *session_text_ref(SessionText *t);
+SessionText *session_text_unref(SessionText *t);
+DEFINE_TRIVIAL_CLEANUP_FUNC(SessionText *, session_text_unref);
+
 typedef struct Session {
         SessionTable *table;
         ListNode node;             /* SessionTable.sessions, or SessionTable.closed once closed */
@@ -126,10 +140,10 @@ typedef struct Session {
         Lease *lease;              /* the lease this session holds (its life line), if any */
         bool history_pending;      /* a History reply is being produced: the calls behind it wait */
         HistoryCall *history_call;
-        char *metrics_reply;       /* a Metrics reply going out in parts: the whole message, its NUL included */
-        size_t metrics_size, metrics_sent;
-        ListNode status_node;      /* SessionTable.status_waiting: its Status reply waits (the calls behind it too) */
-        usec_t status_since;       /* monotonic: that Status call's arrival */
+        SessionText *reply_text;   /* a Status or Metrics reply going out as the client reads it */
+        size_t reply_sent;         /* its bytes queued so far */
+        ListNode view_node;        /* SessionTable.status_waiting or metrics_waiting: its reply waits (the calls behind it too) */
+        usec_t view_since;         /* monotonic: that call's arrival */
         bool handed_over;          /* its connection and request went to the next brokerd (session_handed_over()) */
         bool closed;
 } Session;

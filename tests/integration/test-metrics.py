@@ -486,6 +486,37 @@ class Metrics(harness.BrokerTestCase):
             self.assertEqual(len(parse_exposition(b.call("io.slotbroker.Metrics", timeout=20)["text"])
                                  ["slotbroker_member_quarantined"]["samples"]), 1500)
 
+    def test_a_status_longer_than_the_output_cap_is_sent_whole(self):
+        """Status lists a member pool's members: with 1500 of them its reply is past max-output-per-connection=4K
+        too, and goes out as the client reads it, as Metrics does: whole, the call pipelined behind it answered
+        after it, and no client cut off for not reading."""
+        members = [f"rig-{i:04d}" for i in range(1500)]
+        b = self.broker("[broker]\nmax-output-per-connection = 4K\n\n"
+                        f"[pool rigs]\nmembers = {' '.join(members)}\n\n[lane l]\npools = rigs\n", "status")
+        a = self.acquire(b, "l")
+        lease = a.until_granted()
+        with b.connect() as c:
+            c.send("io.slotbroker.Status")
+            c.send("org.varlink.service.GetInfo")
+            status = c.reply(timeout=20)[0]
+            self.assertIn("io.slotbroker", c.reply()[0]["interfaces"])
+        pool = next(p for p in status["pools"] if p["name"] == "rigs")
+        self.assertEqual(pool["members"], members)
+        self.assertEqual(pool["inUse"], 1)
+        self.assertEqual([h["lease"]["id"] for h in status["holders"]], [lease["id"]])
+        # slotctl status reads it whole too.
+        p = subprocess.run([SLOTCTL, "status", "--json", "--socket", b.socket_path], capture_output=True, text=True,
+                           timeout=30)
+        self.assertEqual((p.returncode, p.stderr), (0, ""))
+        self.assertIn("rig-1499", p.stdout)
+        self.assertNotIn("does not read its replies", b.log())
+        # One that does not read holds its reply, and stalls nobody else.
+        with b.connect() as stuck:
+            stuck.send("io.slotbroker.Status")
+            self.assertTrue(b.responsive())
+            self.assertEqual(len(b.call("io.slotbroker.Status", timeout=20)["pools"][0]["members"]), 1500)
+        a.close()
+
     def test_textfile_is_written_atomically(self):
         d = tempfile.mkdtemp(prefix="metrics-textfile-")
         self.addCleanup(shutil.rmtree, d, True)
