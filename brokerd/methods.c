@@ -564,7 +564,7 @@ static bool view_flush(Methods *m, const View *v, usec_t now) {
                         log_oom();
                         session_close(s);
                 } else if (view_reply(s, t))
-                        connection_resume(s->connection); /* sends it; the calls behind it run */
+                        connection_set_held(s->connection, false); /* sends it; the calls behind it run */
         }
         m->answering = NULL;
         m->answering_text = NULL;
@@ -596,6 +596,8 @@ static void view_wait(Session *s, List *waiting, usec_t now, bool due) {
         }
         s->view_since = now;
         list_append(waiting, &s->view_node);
+        /* A reply still to come: a client that shut its sending side after the call is not done yet. */
+        connection_set_held(s->connection, true);
 }
 
 static void on_view_output_below(Connection *c);

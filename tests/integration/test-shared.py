@@ -34,9 +34,11 @@ the short backend-node-ttl (revoke-grace 1s keeps it valid). Skipped (77) withou
 Usage: test-shared.py BROKERD SLOTCTL CATALOG [unittest arguments]
        journald-ns.sh python3 test-shared.py BROKERD SLOTCTL CATALOG TestSharedJournal
 """
+import json
 import os
 import re
 import shutil
+import socket
 import subprocess
 import sys
 import tempfile
@@ -407,6 +409,24 @@ class TestShared(SharedTestCase):
         w.stop("after")
         self.assertEqual(waiter.wait(10), 0, waiter.stderr.read())
         w.check_shared(self, {"shared": 1})
+
+    def test_a_status_whose_client_shut_its_sending_side_is_answered(self):
+        """A shared pool's Status waits for a snapshot of the other nodes fetched after the call came. A client
+        that shut its sending side after the call (`printf … | socat`) still gets the reply, then the end of the
+        connection, as from a local pool: the connection was closed as one with nothing left to answer."""
+        a = self.broker(config(self.redis.url(), "node-a"), "shut-a")
+        self.wait_backend_up(a)
+        for _ in range(5):  # each a Status that waits: a fetch is asked for after each call
+            with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as s:
+                s.settimeout(10)
+                s.connect(a.socket_path)
+                s.sendall(harness.Varlink.encode_call("io.slotbroker.Status"))
+                s.shutdown(socket.SHUT_WR)
+                data = b""
+                while chunk := s.recv(65536):
+                    data += chunk
+            self.assertTrue(data.endswith(b"\0"), f"no reply: {data!r}")
+            self.assertIn("shared", [p["name"] for p in json.loads(data[:-1])["parameters"]["pools"]])
 
     def test_status_after_a_quiet_spell_shows_the_other_nodes_as_they_are(self):
         """A's Status lists B's lease; nobody asks A for 30 s (its snapshot fetches stop), then B's lease
