@@ -10,9 +10,7 @@ load moves far less.
 Usage: bench-grant-members.py BROKERD [MEMBERS [PAIRS]]   (default: 12000 2000)
 A benchmark, not a test: it fails only when brokerd fails.
 """
-import json
 import os
-import socket
 import sys
 import tempfile
 import time
@@ -20,32 +18,6 @@ import time
 sys.dont_write_bytecode = True
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import benchbrokerd  # noqa: E402
-
-
-class Client:
-    def __init__(self, path):
-        self.s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-        self.s.connect(path)
-        self.buf = b""
-
-    def call(self, method, params):
-        self.s.sendall(json.dumps({"method": method, "parameters": params}).encode() + b"\0")
-        while b"\0" not in self.buf:
-            chunk = self.s.recv(65536)
-            if not chunk:
-                sys.exit("bench-grant-members: brokerd closed the connection")
-            self.buf += chunk
-        msg, _, self.buf = self.buf.partition(b"\0")
-        reply = json.loads(msg)
-        if "error" in reply:
-            sys.exit(f"bench-grant-members: {method}: {reply}")
-        return reply.get("parameters", {})
-
-
-def cpu_seconds(pid):
-    with open(f"/proc/{pid}/stat") as f:
-        fields = f.read().rpartition(")")[2].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
 def name(i):
@@ -67,17 +39,17 @@ def run(brokerd, work, members, pairs):
     with open(conf, "w") as f:
         f.write(f"[pool rigs]\nmembers = {' '.join(name(i) for i in range(members))}\n\n[lane w]\npools = rigs\n")
     with benchbrokerd.started(brokerd, conf, sock, os.path.join(d, "state")) as (p, _):
-        c = Client(sock)
+        c = benchbrokerd.Client(sock)
         for _ in range(50):  # warm up
             c.call("io.slotbroker.Release", {"lease": c.call("io.slotbroker.Acquire", {"lane": "w"})["lease"]["id"]})
         # brokerd's own CPU time too (utime + stime): the machine's load moves it far less than wall time.
-        cpu0 = cpu_seconds(p.pid)
+        cpu0 = benchbrokerd.cpu_seconds(p.pid)
         start = time.perf_counter()
         for _ in range(pairs):
             lease = c.call("io.slotbroker.Acquire", {"lane": "w"})["lease"]["id"]
             c.call("io.slotbroker.Release", {"lease": lease})
         wall = (time.perf_counter() - start) / pairs
-        return wall, (cpu_seconds(p.pid) - cpu0) / pairs
+        return wall, (benchbrokerd.cpu_seconds(p.pid) - cpu0) / pairs
 
 
 def main():

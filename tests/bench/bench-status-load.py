@@ -26,26 +26,6 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import benchbrokerd  # noqa: E402
 
 
-class Client:
-    def __init__(self, path):
-        self.s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-        self.s.connect(path)
-        self.buf = b""
-
-    def call(self, method, params):
-        self.s.sendall(json.dumps({"method": method, "parameters": params}).encode() + b"\0")
-        while b"\0" not in self.buf:
-            chunk = self.s.recv(65536)
-            if not chunk:
-                sys.exit("bench-status-load: brokerd closed the connection")
-            self.buf += chunk
-        msg, _, self.buf = self.buf.partition(b"\0")
-        reply = json.loads(msg)
-        if "error" in reply:
-            sys.exit(f"bench-status-load: {method}: {reply}")
-        return reply.get("parameters", {})
-
-
 def hammer(path, method, n, stop, answered):
     """n connections, each sending `method` again as soon as its reply is in, until stop is set."""
     call = json.dumps({"method": method}).encode() + b"\0"
@@ -68,12 +48,6 @@ def hammer(path, method, n, stop, answered):
     answered.value = count
 
 
-def cpu_seconds(pid):
-    with open(f"/proc/{pid}/stat") as f:
-        fields = f.read().rpartition(")")[2].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
-
-
 def percentile(xs, p):
     xs = sorted(xs)
     return xs[min(len(xs) - 1, int(len(xs) * p))]
@@ -81,13 +55,13 @@ def percentile(xs, p):
 
 def window(c, pid, seconds):
     """Acquire + Release pairs, one every 10 ms: their latencies (s), and brokerd's CPU seconds meanwhile."""
-    lat, cpu0, end = [], cpu_seconds(pid), time.monotonic() + seconds
+    lat, cpu0, end = [], benchbrokerd.cpu_seconds(pid), time.monotonic() + seconds
     while time.monotonic() < end:
         t = time.perf_counter()
         c.call("io.slotbroker.Release", {"lease": c.call("io.slotbroker.Acquire", {"lane": "w"})["lease"]["id"]})
         lat.append(time.perf_counter() - t)
         time.sleep(0.01)
-    return lat, cpu_seconds(pid) - cpu0
+    return lat, benchbrokerd.cpu_seconds(pid) - cpu0
 
 
 def loaded(path, c, pid, method, n, seconds):
@@ -121,7 +95,7 @@ def main():
         with open(conf, "w") as f:
             f.write(f"[pool rigs]\nmembers = {' '.join(name(i) for i in range(members))}\n\n[lane w]\npools = rigs\n")
         with benchbrokerd.started(brokerd, conf, sock, os.path.join(work, "state")) as (p, _):
-            c = Client(sock)
+            c = benchbrokerd.Client(sock)
             size = {m: len(json.dumps(c.call(f"io.slotbroker.{m}", {}))) for m in ("Metrics", "Status")}
             print(f"{members} members: Metrics reply {size['Metrics'] / 1024:.0f} KiB, Status reply "
                   f"{size['Status'] / 1024:.0f} KiB; {n} clients; windows of {seconds:g} s; "
