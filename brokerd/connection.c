@@ -193,6 +193,13 @@ int connection_reply_part(Connection *c, const void *data, size_t size) {
         return connection_check_queued(c, varlink_output_enqueue(&c->stream.output, data, size));
 }
 
+int connection_reply_part_shared(Connection *c, const void *data, size_t size, void (*release)(void *userdata),
+                                 void *userdata) {
+        if (c->closed)
+                return -ENOTCONN;
+        return connection_check_queued(c, varlink_output_enqueue_shared(&c->stream.output, data, size, release, userdata));
+}
+
 int connection_reply_part_json(Connection *c, const json_t *value) {
         if (c->closed)
                 return -ENOTCONN;

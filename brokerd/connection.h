@@ -80,6 +80,10 @@ bool connection_get_oneway(const Connection *c);
  * meanwhile: the owner holds the calls behind it (connection_set_held()). Return 0 or negative errno. */
 int connection_reply_part(Connection *c, const void *data, size_t size);
 int connection_reply_part_json(Connection *c, const json_t *value);
+/* Raw text by reference, not copied (varlink_output_enqueue_shared()): release(userdata) runs once it is sent or
+ * dropped; not on failure. */
+int connection_reply_part_shared(Connection *c, const void *data, size_t size, void (*release)(void *userdata),
+                                 void *userdata);
 /* A last reply, as connection_reply() queues it, but -ENOBUFS where it does not fit under the output cap: then
  * nothing is queued and the connection is not closed (Metrics sends it in parts instead). */
 int connection_reply_if_room(Connection *c, json_t *parameters);

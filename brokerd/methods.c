@@ -600,6 +600,24 @@ static void view_wait(Session *s, List *waiting, usec_t now, bool due) {
         connection_set_held(s->connection, true);
 }
 
+static void view_text_release(void *userdata) {
+        session_text_unref(userdata);
+}
+
+/* Below this a part is copied into the output queue: small replies share its chunks. */
+#define VIEW_SHARED_MIN ((size_t) 4096)
+
+/* Queues n bytes of t from offset: by reference where they are many (a text sent to N connections is neither
+ * copied N times nor held N times while they read it), copied where they are few. */
+static int view_queue(Session *s, SessionText *t, size_t offset, size_t n) {
+        if (n < VIEW_SHARED_MIN)
+                return connection_reply_part(s->connection, t->data + offset, n);
+        int r = connection_reply_part_shared(s->connection, t->data + offset, n, view_text_release, session_text_ref(t));
+        if (r < 0)
+                session_text_unref(t);
+        return r;
+}
+
 static void on_view_output_below(Connection *c);
 
 /* Queues the rest of a Status or Metrics reply, half the output cap at a time while the unsent output is below
@@ -611,7 +629,7 @@ static void view_reply_continue(Session *s) {
                 while (s->reply_sent < t->size && connection_get_pending_output(s->connection) < half) {
                         size_t n = MIN(half, t->size - s->reply_sent);
                         /* Below half the cap, plus at most half: never past it. */
-                        if (connection_reply_part(s->connection, t->data + s->reply_sent, n) < 0) {
+                        if (view_queue(s, t, s->reply_sent, n) < 0) {
                                 if (!s->closed) {
                                         log_oom();
                                         session_close(s);
@@ -647,7 +665,7 @@ static void on_view_output_below(Connection *c) {
 static bool view_reply(Session *s, SessionText *t) {
         size_t half = connection_get_output_max(s->connection) / 2;
         if (t->size <= half && connection_get_pending_output(s->connection) < half) {
-                if (connection_reply_part(s->connection, t->data, t->size) >= 0)
+                if (view_queue(s, t, 0, t->size) >= 0)
                         return true;
                 if (!s->closed) {
                         log_oom();

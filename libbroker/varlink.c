@@ -724,8 +724,15 @@ struct VarlinkChunk {
         VarlinkChunk *next;
         size_t start, end, allocated;
         VarlinkFds fds;  /* to pass with the first byte: the chunk then holds that one message, and is full */
+        const char *shared; /* bytes of the caller's instead of data (varlink_output_enqueue_shared()); full */
+        void (*release)(void *userdata);
+        void *userdata;
         char data[];
 };
+
+static const char *chunk_data(const VarlinkChunk *c) {
+        return c->shared ?: c->data;
+}
 
 /* Small replies share a chunk; a larger message gets one of its own size. */
 #define CHUNK_SIZE_MIN ((size_t) 4096 - sizeof(VarlinkChunk))
@@ -740,6 +747,8 @@ void varlink_output_init(VarlinkOutput *out, size_t max_pending) {
 
 static void chunk_free(VarlinkChunk *c) {
         varlink_fds_close(&c->fds);
+        if (c->release)
+                c->release(c->userdata);
         free(c);
 }
 
@@ -824,6 +833,27 @@ int varlink_output_enqueue(VarlinkOutput *out, const void *data, size_t size) {
         if (r < 0)
                 output_rollback(out, &m);
         return r;
+}
+
+int varlink_output_enqueue_shared(VarlinkOutput *out, const void *data, size_t size, void (*release)(void *userdata),
+                                  void *userdata) {
+        assert_return(out, -EINVAL);
+        assert_return(data && size > 0, -EINVAL);
+
+        if (size > out->max - out->pending)
+                return -ENOBUFS;
+        VarlinkChunk *c = malloc(sizeof(VarlinkChunk));
+        if (!c)
+                return -ENOMEM;
+        /* Full (allocated == end): nothing is appended to it. */
+        *c = (VarlinkChunk) { .end = size, .allocated = size, .shared = data, .release = release, .userdata = userdata };
+        if (out->tail)
+                out->tail->next = c;
+        else
+                out->head = c;
+        out->tail = c;
+        out->pending += size;
+        return 0;
 }
 
 static int file_sink(const char *data, size_t size, void *userdata) {
@@ -942,7 +972,7 @@ int varlink_output_copy(const VarlinkOutput *out, void **ret, size_t *ret_size) 
                         free(buf);
                         return -EBUSY;
                 }
-                memcpy(p, c->data + c->start, c->end - c->start);
+                memcpy(p, chunk_data(c) + c->start, c->end - c->start);
                 p += c->end - c->start;
         }
         *ret = buf;
@@ -963,7 +993,7 @@ int varlink_output_flush(VarlinkOutput *out, int fd) {
                         /* A message with fds goes in a sendmsg() of its own (see VarlinkInput). */
                         if (c->fds.n > 0 && n_iov > 0)
                                 break;
-                        iov[n_iov++] = (struct iovec) { c->data + c->start, c->end - c->start };
+                        iov[n_iov++] = (struct iovec) { (char *) chunk_data(c) + c->start, c->end - c->start };
                         if (c->fds.n > 0)
                                 break;
                 }

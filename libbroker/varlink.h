@@ -211,6 +211,11 @@ void varlink_output_done(VarlinkOutput *out);
 /* Queues bytes as they are (a whole message, NUL included). Returns 0; -ENOBUFS when the pending bytes
  * would exceed the cap (nothing is queued: the daemon cuts such a connection); -ENOMEM. */
 int varlink_output_enqueue(VarlinkOutput *out, const void *data, size_t size);
+/* Queues the caller's bytes by reference, not copied (a large text sent to many peers): they must stay as they
+ * are until release(userdata) runs, once, when they are sent or the queue goes. Returns as
+ * varlink_output_enqueue(); release does not run then. */
+int varlink_output_enqueue_shared(VarlinkOutput *out, const void *data, size_t size, void (*release)(void *userdata),
+                                  void *userdata);
 /* Serializes msg straight into the queue, with its NUL. Returns as varlink_output_enqueue(). */
 int varlink_output_enqueue_json(VarlinkOutput *out, const json_t *msg);
 /* Queues msg with fds to pass along: they go with its first byte, in a sendmsg() that carries this message

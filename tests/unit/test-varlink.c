@@ -809,6 +809,38 @@ static void test_output_json_past_cap_leaves_queue_as_it_was(void **state) {
         safe_close(sv[1]);
 }
 
+static void count_release(void *userdata) {
+        (*(unsigned *) userdata)++;
+}
+
+/* Bytes queued by reference go out in order among copied ones, partial writes included, and are released once,
+ * when sent; past the cap nothing is queued and nothing released; what the queue drops unsent is released. */
+static void test_output_shared_bytes_are_sent_then_released(void **state) {
+        VarlinkOutput out;
+        int sv[2];
+        char text[] = "shared text\0", got[64];
+        unsigned released = 0, dropped = 0;
+
+        socketpair_nonblock(sv);
+        varlink_output_init(&out, 64);
+        assert_int_equal(varlink_output_enqueue(&out, "a\0", 2), 0);
+        assert_int_equal(varlink_output_enqueue_shared(&out, text, sizeof text - 1, count_release, &released), 0);
+        assert_int_equal(varlink_output_enqueue(&out, "b\0", 2), 0); /* a chunk after it: nothing appended to it */
+        assert_int_equal(varlink_output_enqueue_shared(&out, text, 64, count_release, &released), -ENOBUFS);
+        assert_int_equal(varlink_output_pending(&out), 16);
+        assert_int_equal(varlink_output_flush(&out, sv[0]), 0);
+        assert_int_equal(released, 1);
+        assert_int_equal(recv(sv[1], got, sizeof got, 0), 16);
+        assert_memory_equal(got, "a\0shared text\0b\0", 16);
+
+        assert_int_equal(varlink_output_enqueue_shared(&out, text, sizeof text - 1, count_release, &dropped), 0);
+        varlink_output_done(&out);
+        assert_int_equal(dropped, 1);
+        assert_int_equal(released, 1);
+        safe_close(sv[0]);
+        safe_close(sv[1]);
+}
+
 static void test_output_refused_message_frees_its_chunks(void **state) {
         VarlinkOutput out;
         const size_t n = 5000;
@@ -1858,6 +1890,7 @@ int main(void) {
                 cmocka_unit_test(test_input_shrinks_after_a_large_message),
                 cmocka_unit_test(test_output_refuses_past_cap),
                 cmocka_unit_test(test_output_json_past_cap_leaves_queue_as_it_was),
+                cmocka_unit_test(test_output_shared_bytes_are_sent_then_released),
                 cmocka_unit_test(test_output_refused_message_frees_its_chunks),
                 cmocka_unit_test(test_output_spans_chunks_for_large_messages),
                 cmocka_unit_test(test_output_message_in_parts),
