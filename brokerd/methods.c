@@ -552,6 +552,8 @@ static bool view_flush(Methods *m, const View *v, usec_t now) {
                         list_unlink(n);
                         list_append(&due, n);
                 }
+        if (list_is_empty(&due))
+                return false;
         _cleanup_(session_text_unrefp) SessionText *t = v->render(m);
         *v->rendered = it;
         m->answering = v->waiting;
