@@ -835,6 +835,16 @@ int varlink_output_enqueue(VarlinkOutput *out, const void *data, size_t size) {
         return r;
 }
 
+/* A chunk of its own, full, at the end of the queue. */
+static void output_link(VarlinkOutput *out, VarlinkChunk *c) {
+        if (out->tail)
+                out->tail->next = c;
+        else
+                out->head = c;
+        out->tail = c;
+        out->pending += c->end;
+}
+
 int varlink_output_enqueue_shared(VarlinkOutput *out, const void *data, size_t size, void (*release)(void *userdata),
                                   void *userdata) {
         assert_return(out, -EINVAL);
@@ -847,12 +857,7 @@ int varlink_output_enqueue_shared(VarlinkOutput *out, const void *data, size_t s
                 return -ENOMEM;
         /* Full (allocated == end): nothing is appended to it. */
         *c = (VarlinkChunk) { .end = size, .allocated = size, .shared = data, .release = release, .userdata = userdata };
-        if (out->tail)
-                out->tail->next = c;
-        else
-                out->head = c;
-        out->tail = c;
-        out->pending += size;
+        output_link(out, c);
         return 0;
 }
 
@@ -899,12 +904,7 @@ static int output_enqueue_chunk_with_fds(VarlinkOutput *out, const char *text, s
                 }
                 c->fds.n++;
         }
-        if (out->tail)
-                out->tail->next = c;
-        else
-                out->head = c;
-        out->tail = c;
-        out->pending += size;
+        output_link(out, c);
         return 0;
 }
 
