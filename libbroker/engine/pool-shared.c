@@ -601,6 +601,24 @@ static bool pool_serves(const SharedPool *p) {
         return state_sends_operations(p->state) && p->unconfirmed_since == USEC_INFINITY;
 }
 
+/* Whether this node gives back to Redis now what it holds or awaits there (its releases and withdrawals): while
+ * it serves the pool, and also while its rules differ from the stored ones. Those refuse new requests only: the
+ * node is registered and heartbeating, so Redis would never reap what it keeps of it, and a lease ended or a
+ * waiter refused here would hold its slot (or be granted one) for as long as the rules differ, on every node
+ * (release.lua and withdraw.lua ask nothing of the rules). Not a node that Redis reaped ("canon": no rules). */
+static bool pool_gives_back(const SharedPool *p) {
+        return pool_serves(p) ||
+               (p->state == SHARED_STATE_MISMATCH && p->canon && p->unconfirmed_since == USEC_INFINITY);
+}
+
+/* Whether call c may go now: a tick whenever the link is up; a release or withdrawal while the node gives back;
+ * the others while it serves the pool. */
+static bool call_may_go(const SharedPool *p, const Call *c) {
+        if (c->script == SHARED_SCRIPT_TICK || pool_serves(p))
+                return true;
+        return (c->script == SHARED_SCRIPT_RELEASE || c->script == SHARED_SCRIPT_WITHDRAW) && pool_gives_back(p);
+}
+
 /* Why requests are refused (NULL: the pool is served): the state's word first, then "unconfirmed". */
 static const char *unavailable_reason(const SharedPool *p) {
         if (p->unavailable)
@@ -752,7 +770,7 @@ static Call *batch_make(SharedPool *p, Call *first, usec_t now) {
                 Call *c = container_of(i, Call, node);
                 if (c->sent)
                         continue;
-                if (c->held || (!c->wait && c->script != SHARED_SCRIPT_TICK && !pool_serves(p)) ||
+                if (c->held || (!c->wait && !call_may_go(p, c)) ||
                     (waiting_before && call_passes_its_rid(p, c, members, n))) {
                         waiting_before = true;
                         continue;
@@ -847,15 +865,15 @@ static Call *outbox_next(SharedPool *p) {
         if (!p->link_up || refused_quiet(p))
                 return NULL;
         /* A tick goes whenever the link is up; other calls wait for a registered node with agreed rules
-         * and, behind Sentinels, a confirmed primary (a release parked during a mismatch keeps its place
-         * behind earlier ones; a submit held at start goes once the pool first serves). */
+         * and, behind Sentinels, a confirmed primary, but for releases and withdrawals, which go while the
+         * rules differ too (call_may_go(); one parked keeps its place behind earlier ones; a submit held at
+         * start goes once the pool first serves). */
         bool waiting_before = false; /* as in batch_make() */
         list_foreach_safe(n, &p->outbox) {
                 Call *c = container_of(n, Call, node);
                 if (c->sent)
                         continue;
-                if (c->held || (c->script != SHARED_SCRIPT_TICK && !pool_serves(p)) ||
-                    (c->script == SHARED_SCRIPT_SET && !set_pools_serve(p, c)) ||
+                if (c->held || !call_may_go(p, c) || (c->script == SHARED_SCRIPT_SET && !set_pools_serve(p, c)) ||
                     (waiting_before && call_passes_its_rid(p, c, NULL, 0))) {
                         waiting_before = true;
                         continue;
@@ -3434,7 +3452,7 @@ static bool outbox_gives_back(const SharedPool *p) {
 bool pool_shared_giving_back(const Pool *base) {
         SharedPool *p = SHARED(base);
         /* REGISTERING counts: its tick is on the way, and the operations follow it on the same link. */
-        if (!p->link_up || !(state_sends_operations(p->state) || p->state == SHARED_STATE_REGISTERING) ||
+        if (!p->link_up || !(pool_gives_back(p) || p->state == SHARED_STATE_REGISTERING) ||
             p->unconfirmed_since != USEC_INFINITY)
                 return false;
         return outbox_gives_back(p);
@@ -4544,9 +4562,10 @@ static size_t shared_position(const Pool *base, const PoolWaiter *w, size_t *ret
  * rules agree, and this node was not fenced (then Redis freed, or frees, all it had). While the link is down
  * the debt stays: it is paid when Redis is back. */
 static bool pool_shared_owes(const SharedPool *p) {
-        /* Refused, fenced, or rules that differ (the releases are parked, and a retired pool's rules never
-         * change again): Redis reaps this node's records after the node TTL, as before. */
-        if (p->state == SHARED_STATE_REFUSED || p->state == SHARED_STATE_FENCED || p->state == SHARED_STATE_MISMATCH)
+        /* Refused, fenced, or reaped ("canon"): Redis reaps, or reaped, this node's records after the node TTL.
+         * Rules that differ do not stop the releases (call_may_go()): they are owed. */
+        if (p->state == SHARED_STATE_REFUSED || p->state == SHARED_STATE_FENCED ||
+            (p->state == SHARED_STATE_MISMATCH && !pool_gives_back(p)))
                 return false;
         return outbox_gives_back(p);
 }

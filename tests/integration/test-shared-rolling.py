@@ -6,7 +6,10 @@ tells it, on three brokerds sharing one pool through a real redis-server: limit 
 - a runner reloaded before the last refuses the pool (Unavailable, reason "rules"; Status names the keys
   that differ), keeps its lease, and the runners not yet reloaded keep serving it under the old limit;
 - the last reload makes every runner serve the pool again, under the new limit;
-- the pool is never refused everywhere, and two limits are never enforced at once.
+- the pool is never refused everywhere, and two limits are never enforced at once;
+- a lease that ends on a runner refusing the pool for its rules is released in Redis at once, and its waiters
+  refused there are withdrawn at once: the runners still serving the pool grant the slot, rather than see it
+  held (or granted to a waiter refused long ago) for as long as the rules differ.
 
 Skipped (77) without redis-server or shared pools.
 
@@ -78,6 +81,48 @@ class TestSharedRolling(harness.BrokerTestCase):
         r = self.acquire(b, "now")
         r.close()
         self.assertEqual(r.error, "io.slotbroker.Busy", r.msg)
+
+    def test_a_release_on_a_refusing_runner_frees_the_slot(self):
+        """runner-a reloaded first (refusing the pool for its rules) ends its job: runner-b's waiter gets the slot
+        within a few heartbeats, not when the rules agree again (here: never, runner-b keeps the old limit)."""
+        a, b = (self.broker(config(self.redis.url(), name, 1), name) for name in ("runner-a", "runner-b"))
+        for x in (a, b):
+            self.wait_served(x, nodes=2)
+        held = self.acquire(a, "ci")
+        held.until_granted(timeout=TTL + 20)  # the pool's first use waits its recovery window
+        waiting = self.acquire(b, "ci")
+        waiting.until(lambda x: x.queued or x.granted or x.error, timeout=10, what="b's request queued")
+        self.assertTrue(waiting.queued, waiting.msg)
+
+        self.reload_with(a, 2)
+        self.refused_for_rules(a)
+        self.assertEqual(a.status()["holders"][0]["lease"]["id"], held.lease["id"])
+        held.close()
+        # Well within a node TTL: runner-a heartbeats all along, so only its release can free the slot.
+        waiting.until_granted(timeout=TTL / 2)
+
+    def test_a_waiter_refused_for_the_rules_leaves_the_queue(self):
+        """runner-a's waiter, refused when its reload makes the rules differ, is withdrawn from Redis at once: the
+        slot runner-b frees goes to runner-b's next waiter, not to the refused one (which nobody would release)."""
+        a, b = (self.broker(config(self.redis.url(), name, 1), name) for name in ("runner-a", "runner-b"))
+        for x in (a, b):
+            self.wait_served(x, nodes=2)
+        held = self.acquire(b, "ci")
+        held.until_granted(timeout=TTL + 20)  # the pool's first use waits its recovery window
+        refused = self.acquire(a, "ci")
+        refused.until(lambda x: x.queued or x.granted or x.error, timeout=10, what="a's request queued")
+        self.assertTrue(refused.queued, refused.msg)
+
+        self.reload_with(a, 2)
+        refused.until(lambda x: x.error, timeout=10, what="a's waiter refused")
+        self.assertEqual((refused.error, refused.params.get("reason")), ("io.slotbroker.Unavailable", "rules"),
+                         refused.msg)
+        waiting = self.acquire(b, "ci")
+        waiting.until(lambda x: x.queued or x.granted or x.error, timeout=10, what="b's request queued")
+        self.assertTrue(waiting.queued, waiting.msg)
+        self.assertEqual((waiting.params.get("position"), waiting.params.get("queued")), (1, 1), waiting.msg)
+        held.close()
+        waiting.until_granted(timeout=TTL / 2)
 
     def test_rolling_limit_change(self):
         a, b, c = (self.broker(config(self.redis.url(), name, 2), name) for name in ("runner-a", "runner-b", "runner-c"))

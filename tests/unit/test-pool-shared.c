@@ -1686,23 +1686,36 @@ static void test_rules_mismatch_refuses_and_keeps_heartbeating(void **state) {
         assert_int_equal(n.type, SHARED_NOTICE_RULES_MISMATCH);
         assert_string_equal(n.detail, "limit");
         shared_notice_done(&n);
-        /* New requests: at once. The lease stays, and heartbeats go on (the fence moves with them). */
+        /* New requests: at once. */
         int other;
         assert_int_equal(submit(f, &other, 1, true, S(3)), 0);
         assert_string_equal(f->seen[3].reason, "rules");
+        /* The waiter refused leaves Redis's queue at once: it would stay there (and be granted a slot nobody
+         * releases) for as long as the rules differ. */
+        c = take(f, SHARED_SCRIPT_WITHDRAW);
+        assert_string_equal(arg(c, 6), rid_w);
+        done(f, c, reply("ok", 1, arr(1, str("withdrawn")), EMPTY, cache(1, 0, 0, -1, "")), S(3), S(3));
+        /* The lease stays, and heartbeats go on (the fence moves with them). */
         f->pool->ops->run(f->pool, S(3));
         c = take(f, SHARED_SCRIPT_TICK);
         done(f, c, reply("rules", 1, tick_body("rules", arr(1, str("limit")), 0, 0, 0, ""), EMPTY,
-                         cache(1, 1, 0, -1, "")),
+                         cache(1, 0, 0, -1, "")),
              S(50), S(3));
         assert_int_equal(pool_shared_fence_deadline(f->pool), S(50) + TTL - REVOKE_GRACE - S(2));
-        /* The withdraw waits for agreement. */
+        assert_int_equal(pool_shared_state(f->pool), SHARED_STATE_MISMATCH);
+        /* A lease that ends is released in Redis at once too, and owed until it is answered. */
+        f->pool->ops->release(f->pool, f->seen[0].grant, S(4));
+        f->pool->ops->info(f->pool, S(4), &info);
+        assert_true(info.owes);
+        c = take(f, SHARED_SCRIPT_RELEASE);
+        assert_string_equal(arg(c, 7), rid_l);
+        done(f, c, reply("ok", 1, arr(1, str("released")), EMPTY, cache(0, 0, 0, -1, "")), S(4), S(4));
+        f->pool->ops->info(f->pool, S(4), &info);
+        assert_false(info.owes);
         no_call(f);
-        f->pool->ops->run(f->pool, S(4));
-        tick_ok(f, S(4), S(4));
+        f->pool->ops->run(f->pool, S(5));
+        tick_ok(f, S(5), S(5));
         assert_int_equal(pool_shared_state(f->pool), SHARED_STATE_UP);
-        c = take(f, SHARED_SCRIPT_WITHDRAW);
-        assert_string_equal(arg(c, 6), rid_w);
         assert_true(pool_shared_pop_notice(f->pool, &n));
         assert_int_equal(n.type, SHARED_NOTICE_RULES_AGREED);
         shared_notice_done(&n);
