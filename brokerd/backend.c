@@ -1130,6 +1130,28 @@ void backend_table_set_records_unknown(BackendTable *t, bool unknown) {
         }
 }
 
+bool backend_table_grace_refused(const BackendTable *t, const BrokerConfig *c, BackendGraceRefusal *ret) {
+        usec_t least = usec_add(usec_add(c->revoke_grace, SHARED_FENCE_SLACK), CONF_NODE_TTL_WINDOW_MIN);
+        for (size_t i = 0; i < t->n_backends; i++) {
+                const Backend *b = t->backends[i];
+                for (size_t j = 0; j < b->n_pools; j++) {
+                        const Pool *pool = b->pools[j]->pool;
+                        usec_t ttl = pool_shared_fence_ttl(pool);
+                        for (size_t k = 0; k < c->n_pools; k++) {
+                                const PoolConfig *pc = c->pools[k];
+                                if (streq(pc->name, pool->name) && pc->backend && pc->backend_node_ttl > 0 &&
+                                    backend_matches(b, pc))
+                                        ttl = MIN(ttl, pc->backend_node_ttl);
+                        }
+                        if (ttl < least) {
+                                *ret = (BackendGraceRefusal) { .pool = pool->name, .fence_ttl = ttl };
+                                return true;
+                        }
+                }
+        }
+        return false;
+}
+
 void backend_table_set_revoke_grace(BackendTable *t, usec_t revoke_grace) {
         t->revoke_grace = revoke_grace;
         for (size_t i = 0; i < t->n_backends; i++) {

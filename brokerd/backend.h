@@ -87,6 +87,17 @@ typedef struct BackendWhere {
 } BackendWhere;
 bool backend_table_where(const BackendTable *t, const char *pool, BackendWhere *ret);
 
+/* A shared pool whose self-fence a reload to c would leave without its window: the node TTL it counts with
+ * after the reload (the shorter of the one it counts with now, which is Redis's until Redis agreed to a change,
+ * and the pool's backend-node-ttl= in c where c keeps it on this backend; a pool c removes or moves keeps its
+ * own) below c's revoke-grace + 2 s + CONF_NODE_TTL_WINDOW_MIN, the bound conf.c checks c's pools against.
+ * Applied, it would revoke that pool's leases at once ("fenced"). Returns true and *ret, or false. */
+typedef struct BackendGraceRefusal {
+        const char *pool;      /* valid until the pool goes */
+        usec_t fence_ttl;
+} BackendGraceRefusal;
+bool backend_table_grace_refused(const BackendTable *t, const BrokerConfig *c, BackendGraceRefusal *ret);
+
 /* [broker] revoke-grace= at start and at each reload: every shared pool's self-fence margin, the retired
  * ones' too. */
 void backend_table_set_revoke_grace(BackendTable *t, usec_t revoke_grace);

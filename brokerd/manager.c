@@ -1290,6 +1290,31 @@ static int reload_refuse_move(Manager *m, const BrokerConfig *c, ConfErrors *err
                                mr.owes ? ", or owes Redis a release" : "", mr.pool->name);
 }
 
+/* A revoke-grace= that a shared pool's self-fence has no room for, as a configuration error: the reload is
+ * refused whole. conf.c checks it against each pool's backend-node-ttl=, but until Redis agreed to a changed
+ * one the fence counts with the shorter of the two (Redis drops a silent node by its stored TTL), and a pool
+ * the reload removes keeps its own: applied, the reload would revoke their leases at once. */
+static int reload_refuse_grace(Manager *m, const BrokerConfig *c, ConfErrors *errors) {
+#if HAVE_REDIS
+        BackendGraceRefusal gr;
+        if (!backend_table_grace_refused(&m->backends, c, &gr))
+                return 0;
+        char ttl[TIMESPAN_MAX], grace[TIMESPAN_MAX], least[TIMESPAN_MAX];
+        return conf_errors_add(errors, NULL, "revoke-grace",
+                               "revoke-grace=%s leaves pool %s no time to fence its leases: the backend-node-ttl= "
+                               "this node counts with there is %s until Redis agrees to another one, and must be "
+                               "at least revoke-grace + 5s (%s); raise backend-node-ttl= on every node first, and "
+                               "revoke-grace= once the pool serves again",
+                               timespan_format(grace, sizeof grace, c->revoke_grace), gr.pool,
+                               timespan_format(ttl, sizeof ttl, gr.fence_ttl),
+                               timespan_format(least, sizeof least,
+                                               usec_add(usec_add(c->revoke_grace, SHARED_FENCE_SLACK),
+                                                        CONF_NODE_TTL_WINDOW_MIN)));
+#else
+        return 0;
+#endif
+}
+
 /* Pools whose backend= (or credentials) this reload changes: the journal tells where each holder stays. */
 static void reload_log_moves(Manager *m, const BrokerConfig *old, const BrokerConfig *c,
                              const unsigned *old_in_use) {
@@ -1347,6 +1372,8 @@ int manager_reload(Manager *m, ConfErrors *errors) {
                                     m->config_path ?: CONFIG_MAIN_PATH, m->config_path ?: CONFIG_MAIN_PATH);
         if (r >= 0)
                 r = reload_refuse_move(m, c, errors);
+        if (r >= 0)
+                r = reload_refuse_grace(m, c, errors);
         if (r >= 0)
                 r = acls_resolve(c, &acls, &n_acls, errors);
         MemberStateEntry *leaving = NULL;

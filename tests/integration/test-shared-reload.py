@@ -12,6 +12,9 @@ redis-servers:
   while this node holds something in the pool, and applied once it holds nothing;
 - a reload that changes backend-node-ttl= is a change of the pool's rules (refused for "rules" until
   every node agrees), never silently ignored;
+- a reload that raises revoke-grace= beyond what the node TTL Redis enforces leaves the self-fence (raising
+  backend-node-ttl= with it, which Redis has not agreed to yet) is refused with the reason, and revokes
+  nothing; raised once Redis agreed to the longer TTL, it is applied;
 - a restart whose configuration no longer has the pool (or has it local), while a command of it runs,
   keeps that lease heartbeated in Redis (another runner's command does not start while it runs, also
   after a node TTL) and releases it there when it ends (the other one starts within half a node TTL): the
@@ -38,13 +41,13 @@ SLOTCTL = None
 TTL = 12  # seconds: backend-node-ttl, also the recovery window of the pool's first use
 
 
-def config(node, backend=None, ttl=TTL, grid=True):
+def config(node, backend=None, ttl=TTL, grid=True, grace=1):
     shared = f"backend = {backend}\nbackend-node-ttl = {ttl}s\n" if backend else ""
     pools = "grid" if grid else "spare"
     return f"""\
 [broker]
 node-name = {node}
-revoke-grace = 1s
+revoke-grace = {grace}s
 
 [pool spare]
 limit = 1
@@ -201,6 +204,38 @@ class TestSharedReload(harness.BrokerTestCase):
         self.reload_with(b, backend=self.redis.url(), ttl=TTL + 2)
         for x in (a, b):
             self.wait_served(x)
+
+    def test_reload_raises_revoke_grace_beyond_the_agreed_ttl(self):
+        """revoke-grace=8s needs a node TTL of 13 s; Redis enforces 12 s until every node wants 16 s. Applied at
+        once, a's self-fence would have no window left and revoke its lease on the spot."""
+        a, b = self.two_shared()
+        held = self.acquire(a, "ci")
+        held.until_granted(timeout=TTL + 20)  # the pool's first use waits its recovery window
+        a.write_config(config(a.name, self.redis.url(), ttl=TTL + 4, grace=8))
+        with self.assertRaises(VarlinkError) as e:
+            a.reload()
+        self.assertEqual(e.exception.error, "io.slotbroker.ReloadFailed")
+        text = " ".join(e.exception.parameters.get("errors", []))
+        self.assertIn("revoke-grace=8s leaves pool grid no time", text)
+        self.assertIsNone(held.conn.poll(3.0), "the holder was told something")  # "revoked", before
+        self.assertEqual(self.backend(a).get("differingKeys"), None, self.backend(a))
+
+        # The longer TTL first, on every node: once Redis agreed to it, the longer grace is applied.
+        for x in (a, b):
+            self.reload_with(x, backend=self.redis.url(), ttl=TTL + 4)
+        for x in (a, b):
+            self.wait_served(x)
+
+        def applied():
+            try:
+                self.reload_with(a, backend=self.redis.url(), ttl=TTL + 4, grace=8)
+                return True
+            except VarlinkError:
+                return False  # a's fence still counts with the old TTL: the agreement's answer is on its way
+        wait_for(applied, timeout=10, message="the longer grace to be applied")
+        self.assertIsNone(held.conn.poll(3.0), "the holder was told something")
+        states = {e["lease"]["id"]: e["state"] for e in a.status()["holders"]}
+        self.assertEqual(states.get(held.lease["id"]), "held", states)
 
     def run_witness(self, b, w, name):
         p = subprocess.Popen([SLOTCTL, "run", "--socket", b.socket_path, "--lane", "ci", "--quiet",
