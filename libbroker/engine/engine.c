@@ -2090,6 +2090,7 @@ static int restore_share(Engine *e, const EngineLeaseRestore *rs, const char *la
                                     .health_known = rs->health_known,
                                     .health = rs->health,
                                     .quarantine = rs->quarantine,
+                                    .node_ttl = rs->granted_in ? rs->granted_in->backend_node_ttl : 0,
                             },
                             &g);
         if (r < 0) {

@@ -4321,6 +4321,11 @@ static int shared_restore(Pool *base, const PoolRestore *r, PoolGrant **ret) {
         if (!g)
                 return -ENOMEM;
         token_floor_raise(p, g->token);
+        /* Redis may enforce the TTL it was granted under, not the one configured now (a restart with a longer
+         * backend-node-ttl=, or one whose change Redis had not agreed to): the shorter until Redis agrees
+         * (tick_done()), as after a reload. */
+        if (r->node_ttl > 0)
+                p->fence_ttl = MIN(p->fence_ttl, r->node_ttl);
         g->provisional = true;
         g->counted_at = r->granted_at; /* the engine's clock, as pool-local.c's: its hold counts from its grant */
         int k = queue_reclaim(p, g, p->last_now); /* restore() has no `now`: the manual clock must not step back */

@@ -236,6 +236,10 @@ typedef struct PoolRestore {
          * (made for restored leases: its pool left the configuration) judges its exit statuses by them, for the
          * members it holds (SPEC §3.6); a configured pool by its own. */
         const EngineQuarantineRules *quarantine;
+        /* A shared lease: the node TTL its self-fence counted with, as recorded (0: not recorded). Redis drops
+         * the node by the TTL it enforces, which a restart with another backend-node-ttl= does not change
+         * until Redis agreed to it: the pool fences with the shorter meanwhile. */
+        usec_t node_ttl;
 } PoolRestore;
 
 typedef struct PoolOps {

@@ -16,6 +16,9 @@ depend on slotctl alone").
   restarts without the lease (state.damaged), so nobody can fence the command; its first reconcile used to
   make the lease an orphan that lapsed a TTL later, and B granted the slot while the command ran. Redis now
   keeps it as A's while the file exists, and hands it on only a TTL after the file is removed.
+- A restarted with a longer backend-node-ttl= (a change B does not want, so Redis keeps the old one) while its
+  command runs: the restored lease fences on the TTL Redis enforces, not the configured one; cut off from
+  Redis, A's command is gone before B's command gets the slot.
 
 Usage: test-shared-fence.py BROKERD SLOTCTL [unittest arguments]
 """
@@ -41,7 +44,7 @@ SLOTCTL = None
 TTL = 6.0  # the shortest backend-node-ttl a revoke-grace of 1 s allows: a fence 3 s after the last ack
 
 
-def config(backend, node):
+def config(backend, node, ttl=TTL):
     return f"""\
 [broker]
 node-name = {node}
@@ -50,7 +53,7 @@ revoke-grace = 1s
 [pool one]
 limit = 1
 backend = {backend}
-backend-node-ttl = {TTL:g}s
+backend-node-ttl = {ttl:g}s
 
 [pool here]
 limit = 1
@@ -86,9 +89,9 @@ class TestSharedFence(harness.BrokerTestCase):
             wait_for(lambda: node.pool("one")["backend"]["up"], timeout=30, message=f"{node.name}: the backend up")
         return a, b
 
-    def run_witness(self, broker, name, body):
+    def run_witness(self, broker, name, body, *options):
         p = subprocess.Popen([SLOTCTL, "run", "--socket", broker.socket_path, "--lane", "one", "--quiet",
-                              "--kill-after", "1s", "--", *self.witness.command(body, name)],
+                              "--kill-after", "1s", *options, "--", *self.witness.command(body, name)],
                              stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
         self.addCleanup(p.stderr.close)
         self.addCleanup(lambda: p.poll() is None and (p.kill(), p.wait()))
@@ -175,6 +178,25 @@ class TestSharedFence(harness.BrokerTestCase):
         self.proxy.passthrough()
         wait_for(lambda: reap() or a.pool("one")["inUse"] == 0 or None, timeout=TTL + 20, message="A's lease gone")
         return a, b
+
+    def test_restart_with_a_longer_ttl_fences_on_the_agreed_one(self):
+        a, b = self.brokers()
+        on_a = self.run_witness(a, "on-a", "while true; do sleep 0.1; done", "--reclaim-for", "30s")
+        wait_for(lambda: self.witness.started("on-a"), timeout=TTL + 30, message="the command on A to start")
+        on_b = self.run_witness(b, "on-b", "sleep 0.1")
+        wait_for(lambda: b.pool("one")["waiting"] or None, timeout=10, message="B's command to wait")
+
+        self.assertEqual(a.stop(), 0)
+        a.write_config(config(self.proxy.url(), "node-a", ttl=2 * TTL))
+        a.start()
+        wait_for(lambda: (a.pool("one")["backend"] or {}).get("unavailable") == "rules" and a.pool("one")["inUse"] == 1
+                 or None, timeout=30, message="A to refuse the pool for its rules, its lease restored")
+        # Cut off: Redis frees A's slot one TTL (its own, 6 s) after A's last heartbeat; B's command takes it.
+        self.proxy.blackhole()
+        self.assertEqual(on_b.wait(2 * TTL + 20), 0, on_b.stderr.read())
+        self.assertEqual(on_a.wait(10), 124, on_a.stderr.read())  # revoked: fenced
+        self.witness.check_shared(self, {"one": 1})  # A's command was gone when B's started
+        self.assertEqual([e.name for e in self.witness.started()], ["on-a", "on-b"])
 
     def test_orphaned_command_is_fenced_by_brokerd(self):
         a, _ = self.fence_orphan('while true; do sleep 0.1; done')

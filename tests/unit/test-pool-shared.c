@@ -1483,6 +1483,28 @@ static void test_restored_lease_fences_from_the_alive_mark(void **state) {
         assert_int_equal(pool_shared_fence_deadline(f->pool), S(100) + TTL - REVOKE_GRACE - S(2));
 }
 
+/* A restart with a longer backend-node-ttl= than the one a restored lease was granted under (Redis enforces
+ * that one until it agreed to the new rules): the restored lease fences with the shorter, until Redis agreed. */
+static void test_restored_lease_fences_on_its_recorded_ttl_until_agreed(void **state) {
+        Fixture *f = *state;
+        unsigned slot = 1;
+        PoolRestore r = { .lane = "ci", .slots = &slot, .n_slots = 1, .token = 77,
+                          .remote_id = NODE ":00000000000000aa", .granted_at = 5, .node_ttl = S(20) };
+        PoolGrant *g;
+        assert_int_equal(f->pool->ops->restore(f->pool, &r, &g), 0);
+        usec_t margin = REVOKE_GRACE + S(2);
+        pool_shared_set_last_ack(f->pool, S(100));
+        assert_int_equal(pool_shared_fence_deadline(f->pool), S(100) + S(20) - margin);
+        pool_shared_link_up(f->pool, "run1", S(1));
+        const SharedCall *c = take(f, SHARED_SCRIPT_TICK);
+        done(f, c, reply("rules", S(1), tick_body("rules", arr(1, str("backend-node-ttl")), 0, 0, 0, ""), EMPTY,
+                         cache(1, 0, 0, -1, "")), S(101), S(1));
+        assert_int_equal(pool_shared_fence_deadline(f->pool), S(101) + S(20) - margin);
+        f->pool->ops->run(f->pool, S(2));
+        tick_ok(f, S(102), S(2));
+        assert_int_equal(pool_shared_fence_deadline(f->pool), S(102) + TTL - margin);
+}
+
 static void test_restored_lease_is_reclaimed(void **state) {
         Fixture *f = *state;
         unsigned slots[] = { 0, 1 };
@@ -4563,6 +4585,7 @@ int main(void) {
                 T(test_identity_refusal_keeps_ticking_and_clears_when_accepted),
                 T(test_calls_carry_the_incarnation),
                 T(test_restored_lease_fences_from_the_alive_mark),
+                T(test_restored_lease_fences_on_its_recorded_ttl_until_agreed),
                 T(test_restored_lease_is_reclaimed),
                 T(test_lease_released_while_reclaimed_ends_the_reclaiming),
                 T(test_release_drops_a_reclaim_parked_after_an_error),
