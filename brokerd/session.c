@@ -1309,10 +1309,11 @@ static const char *refusal_error(Refusal r) {
 }
 
 /* Why a pool is unavailable, for the client: the pool's word, else drained, removed by a reload, or left with
- * nothing for the request by one (the engine says "reload" itself for a lane whose labels= or also= changed).
- * Neither pool gives a word for the last two and a drain: an in-process pool
- * that is not drained as it refuses refused for a reload (its lane gone, or every member its selector could
- * take); a shared pool's drained flag follows Redis's replies, perhaps after its refusals: "drained" there. */
+ * nothing for the request by one (the engine says "reload" itself for a lane whose labels= or also= changed,
+ * and a shared pool for what an adopted reload refuses: shared_decision_reason()). An in-process pool gives no
+ * word for the last two and a drain: one that is not drained as it refuses refused for a reload (its lane
+ * gone, or every member its selector could take). A shared pool's drained flag follows Redis's replies, perhaps
+ * after its refusals: a refusal without a word is a drain's there. */
 static const char *unavailable_reason(const SessionTable *m, const EngineEvent *ev) {
         if (ev->reason)
                 return ev->reason;

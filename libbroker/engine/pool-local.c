@@ -864,7 +864,7 @@ static void waiter_unlink(LocalPool *p, PoolWaiter *w) {
         p->n_waiting--;
 }
 
-static void waiter_refuse(LocalPool *p, PoolWaiter *w, Refusal refusal, usec_t at);
+static void waiter_refuse_because(LocalPool *p, PoolWaiter *w, Refusal refusal, const char *reason, usec_t at);
 
 /* The scripts' order of a lane's buckets when they refuse them all (drain.lua): those without a selector by k,
  * then those with one by k and canon. (l->buckets keeps k's order only: within a k, newest first.) */
@@ -878,7 +878,7 @@ static bool bucket_before(const Bucket *a, const Bucket *b) {
 
 /* Every waiter of the lane's buckets refused unavailable, in the scripts' order: one at a time, as refusing may
  * free a selector's bucket (the array shifts under the loop). Buckets are few: O(buckets) a waiter. */
-static void lane_refuse_queued(LocalPool *p, LocalLane *l, usec_t now) {
+static void lane_refuse_queued(LocalPool *p, LocalLane *l, const char *reason, usec_t now) {
         for (;;) {
                 Bucket *first = NULL;
                 for (size_t b = 0; b < l->n_buckets; b++)
@@ -886,23 +886,25 @@ static void lane_refuse_queued(LocalPool *p, LocalLane *l, usec_t now) {
                                 first = l->buckets[b];
                 if (!first)
                         return;
-                waiter_refuse(p, container_of(list_first(&first->fifo), PoolWaiter, fifo_node), REFUSAL_UNAVAILABLE, now);
+                waiter_refuse_because(p, container_of(list_first(&first->fifo), PoolWaiter, fifo_node),
+                                      REFUSAL_UNAVAILABLE, reason, now);
         }
 }
 
 /* The health waiters of lane l (NULL: of every lane), in arrival order. */
-static void health_refuse_waiters(LocalPool *p, const LocalLane *l, usec_t now) {
+static void health_refuse_waiters(LocalPool *p, const LocalLane *l, const char *reason, usec_t now) {
         list_foreach_safe(n, &p->health) {
                 PoolWaiter *w = container_of(n, PoolWaiter, fifo_node);
                 if (!l || w->lane == l)
-                        waiter_refuse(p, w, REFUSAL_UNAVAILABLE, now);
+                        waiter_refuse_because(p, w, REFUSAL_UNAVAILABLE, reason, now);
         }
 }
 
-/* Every waiter of the lane refused unavailable (its lane or pool removed). */
+/* Every waiter of the lane refused unavailable, "reload": its lane removed (as the scripts' adoption refuses them:
+ * pool-shared.c tells their "" so, shared_decision_reason()). */
 static void lane_refuse_waiters(LocalPool *p, LocalLane *l, usec_t now) {
-        health_refuse_waiters(p, l, now);
-        lane_refuse_queued(p, l, now);
+        health_refuse_waiters(p, l, "reload", now);
+        lane_refuse_queued(p, l, "reload", now);
 }
 
 /* reason: the pool's word for an unavailable refusal (static), NULL: none (drained, removed). */
@@ -1607,15 +1609,15 @@ static void local_configure_commit(Pool *base, PoolStaged *s, usec_t now) {
                                 b++;
                                 continue;
                         }
-                        waiter_refuse(p, container_of(list_first(&bk->fifo), PoolWaiter, fifo_node),
-                                      REFUSAL_UNAVAILABLE, now);
+                        waiter_refuse_because(p, container_of(list_first(&bk->fifo), PoolWaiter, fifo_node),
+                                              REFUSAL_UNAVAILABLE, "reload", now);
                 }
         }
         /* Health waiters that lost what they asked for (a member gone, the pool anonymous, no health lane). */
         list_foreach_safe(hn, &p->health) {
                 PoolWaiter *w = container_of(hn, PoolWaiter, fifo_node);
                 if (w->slots == 0 || ((w->terms || w->member) && !w->mask) || !w->lane->health)
-                        waiter_refuse(p, w, REFUSAL_UNAVAILABLE, now);
+                        waiter_refuse_because(p, w, REFUSAL_UNAVAILABLE, "reload", now);
         }
         lanes_gc(p);
         /* The drains given with the configuration: the members' above, the whole pool's here, its waiters
@@ -2166,8 +2168,8 @@ static void drain_whole(LocalPool *p, bool on, usec_t now) {
         for (int pass = 0; pass < 2; pass++)
                 for (size_t i = 0; i < p->n_lanes; i++)
                         if (streq(p->lanes[i]->name, ENGINE_RESERVE_LANE) == (pass == 0))
-                                lane_refuse_queued(p, p->lanes[i], now);
-        health_refuse_waiters(p, NULL, now);
+                                lane_refuse_queued(p, p->lanes[i], NULL, now);
+        health_refuse_waiters(p, NULL, NULL, now);
 }
 
 static int local_drain(Pool *base, const char *member, bool on, usec_t now) {

@@ -1771,7 +1771,7 @@ static void decision_apply(SharedPool *p, const SharedDecision *d, bool written_
                         .state = d->state,
                         .idle = d->idle,
                         .budget = d->budget,
-                        .reason = d->reason,
+                        .reason = shared_decision_reason(d),
                         .has_wait = true,
                         .wait = d->wait < 0 ? 0 : (usec_t) d->wait,
                         /* Within the cooldown from now: a pool clock gone wrong points nowhere odd. */
@@ -4170,7 +4170,8 @@ static void set_done(SharedPool *p, Call *c, int error, const RespValue *reply, 
                                 rid_forget(q, c->rid);
                                 try_free(x);
                                 emit(q, (PoolDecision) { .verdict = POOL_VERDICT_REFUSED, .cookie = cookie,
-                                                         .at = at, .refusal = d.refusal, .reason = d.reason,
+                                                         .at = at, .refusal = d.refusal,
+                                                         .reason = shared_decision_reason(&d),
                                                          .budget = USEC_INFINITY, .echo = true });
                         }
                         decision_apply(named, &d, true, now);

@@ -167,6 +167,7 @@ int shared_decision_set(SharedDecision *d, const char *name, const RespValue *v)
                         }
         } else if (streq(name, "reason")) {
                 d->reason = v && v->type == RESP_STRING ? static_reason(v->str, v->len) : NULL;
+                d->reason_empty = v && v->type == RESP_STRING && v->len == 0;
                 /* A drain's refusal has no word of the pool's (engine.h, EngineEvent.reason), as pool-local.c's
                  * has none: the session says "drained" of both. */
                 if (d->reason && streq(d->reason, "drained"))
@@ -203,6 +204,12 @@ int shared_decision_set(SharedDecision *d, const char *name, const RespValue *v)
                         d->retry_at = x < 0 ? 0 : x;
         }
         return 0;
+}
+
+const char *shared_decision_reason(const SharedDecision *d) {
+        if (d->reason)
+                return d->reason;
+        return d->has_refusal && d->refusal == REFUSAL_UNAVAILABLE && d->reason_empty ? "reload" : NULL;
 }
 
 /* The SharedDecision's fields in README order (also the stream's field names). */

@@ -37,6 +37,7 @@ typedef struct SharedDecision {
         Refusal refusal;
         bool has_refusal;      /* a known word, not "" */
         const char *reason;    /* one of the pool's words (static), or NULL */
+        bool reason_empty;     /* the reason was "": the pool's default (shared_decision_reason()) */
         int64_t retry_at;      /* busy "cooldown": when enough rests end (pool clock; [15]); 0 none */
         QueueState state;
         usec_t idle, budget;
@@ -48,6 +49,13 @@ typedef struct SharedDecision {
         char **members;
         unsigned max_items;    /* the most slots or members a list may have (the pool's limit) */
 } SharedDecision;
+
+/* The reason a refusal is told with (engine.h, EngineEvent.reason): the pool's word; for an unavailable one
+ * without a word, "reload", which is what the scripts refuse so (lua/README, Decision [6]: an adopted reload's
+ * job refusing a removed lane's waiters, the selectors the new rules can never satisfy, a health lane's waiters
+ * when it is no health lane any more), as pool-local.c's local_configure() does, which the session calls
+ * "reload"; a drain's refusal has none (the session says "drained"). */
+const char *shared_decision_reason(const SharedDecision *d);
 
 /* An empty decision whose lists may hold max_items at most. */
 SharedDecision shared_decision_init(unsigned max_items);

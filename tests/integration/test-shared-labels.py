@@ -12,6 +12,9 @@ Rigs a b c d: arm64 = a b, usb3 = b c.
 - A selector no member can ever match exits 64 on a shared pool too, before anything is queued.
 - A third brokerd whose labels differ refuses the pool (reason "rules") and its Status names the differing
   label key; the two others serve on.
+- A reload of both brokerds that leaves a waiting request's labels fewer members than it asks for refuses
+  it when Redis adopts the new rules: unavailable, reason "reload" (the pool is not drained), as an in-process
+  pool says.
 
 Skipped (77) without redis-server or shared pools.
 
@@ -134,6 +137,29 @@ class TestSharedLabels(harness.BrokerTestCase):
         self.assertEqual(self.backend(c).get("differingKeys"), ["label.arm64"], self.backend(c))
         self.assertEqual(self.running(a, "after", "--label", "arm64"), ["a"])
         self.end("after")
+
+
+    def test_a_reload_that_takes_the_members_a_waiter_needs_says_reload(self):
+        a, b = (self.broker(config(self.redis.url(), name), name) for name in ("runner-a", "runner-b"))
+        for x in (a, b):
+            self.wait_served(x, 2)
+        held = [a.acquire("w", member=m) for m in ("a", "b")]
+        for h in held:
+            self.addCleanup(h.close)
+            h.until_granted(timeout=TTL + 20)  # the pool's first use waits out its recovery window
+        waiting = b.acquire("w", slots=2, labels=["arm64"])
+        self.addCleanup(waiting.close)
+        waiting.until(lambda x: x.queued or x.error, timeout=10, what="b's request queued")
+        self.assertTrue(waiting.queued, waiting.msg)
+
+        for x in (a, b):  # arm64 now has one member: the waiter can never be granted two
+            x.write_config(config(self.redis.url(), x.name, arm64="c"))
+            x.reload()
+        waiting.until(lambda x: x.error, timeout=10, what="b's waiter refused")
+        self.assertEqual((waiting.error, waiting.params.get("reason")), ("io.slotbroker.Unavailable", "reload"),
+                         waiting.msg)
+        self.assertNotIn("the pool is drained", b.log())
+        self.assertFalse(b.pool("rigs")["drained"])
 
 
 if __name__ == "__main__":

@@ -118,6 +118,34 @@ static void test_a_decision_from_its_array(void **state) {
         shared_decision_done(&d);
 }
 
+/* An unavailable refusal without a word is an adopted reload's ("reload"); a drain's "drained" is none (the
+ * session says "drained"), and so is "" in any other refusal. */
+static void test_a_refusal_s_reason(void **state) {
+        static const struct {
+                const char *refusal, *reason, *told;
+        } cases[] = {
+                { "unavailable", "", "reload" },
+                { "unavailable", "drained", NULL },
+                { "unavailable", "recovery", "recovery" },
+                { "unavailable", "what", NULL },
+                { "timeout", "", NULL },
+                { "busy", "cooldown", "cooldown" },
+                { "", "", NULL },
+        };
+        for (size_t i = 0; i < ELEMENTSOF(cases); i++) {
+                SharedDecision d = shared_decision_init(4);
+                RespValue refusal = { .type = RESP_STRING, .str = cases[i].refusal, .len = strlen(cases[i].refusal) };
+                RespValue reason = { .type = RESP_STRING, .str = cases[i].reason, .len = strlen(cases[i].reason) };
+                assert_int_equal(shared_decision_set(&d, "refusal", &refusal), 0);
+                assert_int_equal(shared_decision_set(&d, "reason", &reason), 0);
+                if (cases[i].told)
+                        assert_string_equal(shared_decision_reason(&d), cases[i].told);
+                else
+                        assert_null(shared_decision_reason(&d));
+                shared_decision_done(&d);
+        }
+}
+
 static void test_a_bad_decision_is_refused(void **state) {
         SharedDecision d;
         RespValue one_too_many[] = { INT(0), INT(1), INT(2), INT(3), INT(0) };
@@ -165,6 +193,7 @@ int main(void) {
                 cmocka_unit_test(test_resp_accessors_check_type_and_size),
                 cmocka_unit_test(test_contract_words),
                 cmocka_unit_test(test_a_decision_from_its_array),
+                cmocka_unit_test(test_a_refusal_s_reason),
                 cmocka_unit_test(test_a_bad_decision_is_refused),
         };
         return cmocka_run_group_tests(tests, NULL, NULL);
