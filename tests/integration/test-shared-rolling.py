@@ -82,17 +82,26 @@ class TestSharedRolling(harness.BrokerTestCase):
         r.close()
         self.assertEqual(r.error, "io.slotbroker.Busy", r.msg)
 
-    def test_a_release_on_a_refusing_runner_frees_the_slot(self):
-        """runner-a reloaded first (refusing the pool for its rules) ends its job: runner-b's waiter gets the slot
-        within a few heartbeats, not when the rules agree again (here: never, runner-b keeps the old limit)."""
+    def two_runners_of_one_slot(self):
         a, b = (self.broker(config(self.redis.url(), name, 1), name) for name in ("runner-a", "runner-b"))
         for x in (a, b):
             self.wait_served(x, nodes=2)
+        return a, b
+
+    def queued(self, b):
+        """A request of lane ci on b, queued."""
+        w = self.acquire(b, "ci")
+        w.until(lambda x: x.queued or x.granted or x.error, timeout=10, what=f"{b.name}'s request queued")
+        self.assertTrue(w.queued, w.msg)
+        return w
+
+    def test_a_release_on_a_refusing_runner_frees_the_slot(self):
+        """runner-a reloaded first (refusing the pool for its rules) ends its job: runner-b's waiter gets the slot
+        within a few heartbeats, not when the rules agree again (here: never, runner-b keeps the old limit)."""
+        a, b = self.two_runners_of_one_slot()
         held = self.acquire(a, "ci")
         held.until_granted(timeout=TTL + 20)  # the pool's first use waits its recovery window
-        waiting = self.acquire(b, "ci")
-        waiting.until(lambda x: x.queued or x.granted or x.error, timeout=10, what="b's request queued")
-        self.assertTrue(waiting.queued, waiting.msg)
+        waiting = self.queued(b)
 
         self.reload_with(a, 2)
         self.refused_for_rules(a)
@@ -104,22 +113,16 @@ class TestSharedRolling(harness.BrokerTestCase):
     def test_a_waiter_refused_for_the_rules_leaves_the_queue(self):
         """runner-a's waiter, refused when its reload makes the rules differ, is withdrawn from Redis at once: the
         slot runner-b frees goes to runner-b's next waiter, not to the refused one (which nobody would release)."""
-        a, b = (self.broker(config(self.redis.url(), name, 1), name) for name in ("runner-a", "runner-b"))
-        for x in (a, b):
-            self.wait_served(x, nodes=2)
+        a, b = self.two_runners_of_one_slot()
         held = self.acquire(b, "ci")
         held.until_granted(timeout=TTL + 20)  # the pool's first use waits its recovery window
-        refused = self.acquire(a, "ci")
-        refused.until(lambda x: x.queued or x.granted or x.error, timeout=10, what="a's request queued")
-        self.assertTrue(refused.queued, refused.msg)
+        refused = self.queued(a)
 
         self.reload_with(a, 2)
         refused.until(lambda x: x.error, timeout=10, what="a's waiter refused")
         self.assertEqual((refused.error, refused.params.get("reason")), ("io.slotbroker.Unavailable", "rules"),
                          refused.msg)
-        waiting = self.acquire(b, "ci")
-        waiting.until(lambda x: x.queued or x.granted or x.error, timeout=10, what="b's request queued")
-        self.assertTrue(waiting.queued, waiting.msg)
+        waiting = self.queued(b)
         self.assertEqual((waiting.params.get("position"), waiting.params.get("queued")), (1, 1), waiting.msg)
         held.close()
         waiting.until_granted(timeout=TTL / 2)
