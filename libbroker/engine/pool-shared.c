@@ -2671,6 +2671,11 @@ static void tick_done(SharedPool *p, const RespValue *status, const RespValue *b
                         bad_input(p, "a malformed stream id in a heartbeat's answer", now);
         }
 
+        /* Rules this node wanted before a reload that came since: the tick with what it wants now follows (each
+         * change sends one: shared_configure_commit()) and says whether the rules differ; its waiters are not
+         * refused for a configuration it no longer has. */
+        if (!rules_ok && p->canon && !streq(c->argv[7], p->canon))
+                return;
         if (!rules_ok) {
                 const RespValue *keys = resp_at(body, 4);
                 size_t n_keys = MIN(keys && keys->type == RESP_ARRAY ? keys->n : 0, (size_t) DIFFERING_KEYS_MAX);

@@ -127,6 +127,25 @@ class TestSharedRolling(harness.BrokerTestCase):
         held.close()
         waiting.until_granted(timeout=TTL / 2)
 
+    def test_a_reload_undone_before_redis_answers_refuses_nobody(self):
+        """runner-a reloaded with another limit and back, both before Redis answered the first reload's heartbeat
+        (Redis stopped): that answer, "rules", is of rules runner-a no longer wants, and refuses none of its
+        waiters; they are served as if nothing happened."""
+        a, b = self.two_runners_of_one_slot()
+        held = self.acquire(b, "ci")
+        held.until_granted(timeout=TTL + 20)  # the pool's first use waits its recovery window
+        waiting = self.queued(a)
+        self.redis.sigstop()
+        try:
+            self.reload_with(a, 2)
+            self.reload_with(a, 1)
+        finally:
+            self.redis.sigcont()
+        # The answers come now: the first reload's heartbeat "rules", the second one's "ok".
+        held.close()
+        waiting.until_granted(timeout=TTL)
+        self.assertNotIn("RULES_MISMATCH", a.log())
+
     def test_rolling_limit_change(self):
         a, b, c = (self.broker(config(self.redis.url(), name, 2), name) for name in ("runner-a", "runner-b", "runner-c"))
         for x in (a, b, c):

@@ -1743,6 +1743,39 @@ static void test_rules_mismatch_refuses_and_keeps_heartbeating(void **state) {
         shared_notice_done(&n);
 }
 
+/* Two reloads in a row, the second back to the agreed rules: the answer "rules" to the first one's tick, which
+ * comes while the node wants the agreed rules again, refuses nobody; the second one's tick decides. */
+static void test_a_rules_answer_to_rules_no_longer_wanted_refuses_nobody(void **state) {
+        Fixture *f = *state;
+        bring_up(f, S(1));
+        int waiter;
+        char rid[17];
+        queued(f, &waiter, S(1), rid);
+        PoolLaneRule rules[] = { { .lane = "ci", .priority = 0, .max_in_use = -1 } };
+        PoolConfig wider = { .name = (char *) "grid", .limit = 3, .max_queue = -1 };
+        PoolConfig agreed = { .name = (char *) "grid", .limit = 2, .max_queue = -1 };
+        assert_int_equal(pool_configure(f->pool, &wider, rules, 1, S(2)), 0);
+        const SharedCall *first = take(f, SHARED_SCRIPT_TICK);
+        assert_int_equal(pool_configure(f->pool, &agreed, rules, 1, S(2)), 0);
+        const SharedCall *second = take(f, SHARED_SCRIPT_TICK);
+        assert_string_not_equal(arg(first, 7), arg(second, 7));
+        done(f, first, reply("rules", S(2), tick_body("rules", arr(1, str("limit")), 0, 0, 0, ""), EMPTY,
+                             cache(0, 1, 0, -1, "")), S(2), S(2));
+        assert_int_equal(f->n_seen, 1); /* the waiter's "queued" only */
+        assert_int_equal(pool_shared_state(f->pool), SHARED_STATE_UP);
+        done(f, second, reply("ok", S(2), tick_body("ok", EMPTY, 0, 0, 0, ""), EMPTY, cache(0, 1, 0, -1, "")), S(2),
+             S(2));
+        assert_int_equal(f->n_seen, 1);
+        assert_int_equal(pool_shared_state(f->pool), SHARED_STATE_UP);
+        /* The rules this node wants now differing, as ever: refused. */
+        assert_int_equal(pool_configure(f->pool, &wider, rules, 1, S(3)), 0);
+        done(f, take(f, SHARED_SCRIPT_TICK), reply("rules", S(3), tick_body("rules", arr(1, str("limit")), 0, 0, 0, ""),
+                                                   EMPTY, cache(0, 1, 0, -1, "")), S(3), S(3));
+        assert_int_equal(pool_shared_state(f->pool), SHARED_STATE_MISMATCH);
+        assert_int_equal(f->seen[1].verdict, POOL_VERDICT_REFUSED);
+        assert_string_equal(f->seen[1].reason, "rules");
+}
+
 static void test_keys_made_by_a_test_are_refused(void **state) {
         Fixture *f = *state;
         pool_shared_link_up(f->pool, "run1", S(1));
@@ -4592,6 +4625,7 @@ int main(void) {
                 T(test_run_id_change_reclaims_every_lease),
                 T(test_reclaimed_flag_follows_the_reclaims),
                 T(test_rules_mismatch_refuses_and_keeps_heartbeating),
+                T(test_a_rules_answer_to_rules_no_longer_wanted_refuses_nobody),
                 T(test_keys_made_by_a_test_are_refused),
                 T(test_lost_stream_entry_found_by_the_positions_round),
                 T(test_positions_round_updates_places),
