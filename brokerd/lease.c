@@ -682,9 +682,13 @@ int lease_restore(LeaseTable *t, const HistoryLeaseRow *row, usec_t alive_at, Le
         if (row->command_pid > 0)
                 rc = restored_command(row, &pidfd, &command, &member);
         bool command_alive = rc != RESTORED_COMMAND_GONE;
+        /* Its command ended during a restart through the fd store: its connection, still open there, may carry
+         * the command's exit status in a Release (SPEC §3.6). Held by it until it is taken back, as a live
+         * brokerd holds a lease whose command ended until its connection releases or closes. */
+        bool awaiting = row->command_pid > 0 && !command_alive && !row->detached && t->holders_handed_over;
         usec_t left = restored_hold_left(row, alive_at, now_r);
         bool expired = left == 0;
-        bool ended = (row->command_pid > 0 && !command_alive) || (row->detached && expired);
+        bool ended = (row->command_pid > 0 && !command_alive && !awaiting) || (row->detached && expired);
         if (ended && !row->remote_id) {
                 *ret = NULL;
                 return 0; /* ended while brokerd was down */
@@ -776,6 +780,7 @@ int lease_restore(LeaseTable *t, const HistoryLeaseRow *row, usec_t alive_at, Le
         if (!command_alive && !row->detached) {
                 /* Held only by a connection that died with the old brokerd: its owner may come back for it. */
                 l->state = LEASE_RESTORED;
+                l->awaiting_handover = awaiting;
                 r = sd_event_add_time_relative(t->event, &l->grace_timer, CLOCK_MONOTONIC, t->reclaim_grace, 0,
                                                on_reclaim_timeout, l);
                 if (r < 0) {
@@ -787,9 +792,24 @@ int lease_restore(LeaseTable *t, const HistoryLeaseRow *row, usec_t alive_at, Le
                     rc == RESTORED_COMMAND_LEADER  ? "its command still runs"
                     : rc == RESTORED_COMMAND_GROUP ? "its command's process group still runs"
                     : row->detached                ? "detached"
+                    : awaiting                     ? "its command ended; awaiting its connection's release"
                                                    : "awaiting reclaim");
         *ret = l;
         return 0;
+}
+
+void lease_table_end_not_taken_back(LeaseTable *t) {
+        t->holders_handed_over = false;
+        list_foreach_safe(n, &t->leases) {
+                Lease *l = container_of(n, Lease, node);
+                if (!l->awaiting_handover)
+                        continue;
+                l->awaiting_handover = false;
+                if (l->state == LEASE_RESTORED && !l->holder) {
+                        lease_audit(l, "released", "it ended while brokerd was down");
+                        lease_discard(l);
+                }
+        }
 }
 
 int lease_reclaim(Lease *l, void *holder) {

@@ -75,6 +75,10 @@ typedef struct LeaseTable {
         LeaseLog *log;                  /* NULL: rows are not written (PERSISTED says LEASE_NOT_PERSISTED) */
         usec_t revoke_grace;            /* a holder without a command may ignore a revocation this long */
         usec_t reclaim_grace;           /* a restored lease waits this long for its owner */
+        /* The previous brokerd handed its connections to the fd store (a restart, SPEC §3.4): a lease whose
+         * command ended meanwhile is held by its connection, which may carry the command's exit status in its
+         * Release, until lease_table_end_not_taken_back(). */
+        bool holders_handed_over;
         usec_t (*now)(clockid_t clock); /* the clock: now_monotonic()/now_realtime() unless a test's */
         void (*random_bytes)(void *buf, size_t n, void *userdata); /* lease ids */
         void *random_userdata;
@@ -145,6 +149,7 @@ typedef struct Lease {
 
         sd_event_source *grace_timer;   /* a revoked lease without a command: cut its connection; or the
                                          * reclaim grace of a lease restored after a restart */
+        bool awaiting_handover;         /* restored for its handed-over connection alone (its command ended) */
 
         /* Its pool lost it (SPEC §11, "Fencing does not depend on slotctl alone"): the slots may soon be
          * another node's, so brokerd stops the command itself when nobody else does — SIGTERM when nobody
@@ -186,6 +191,9 @@ usec_t lease_row_ended_at(const HistoryLeaseRow *row, usec_t alive_at, usec_t no
 /* The owner came back (Acquire with reclaim): holder becomes the lease's life line again (the caller
  * links its side). Returns 0, or -EBUSY when someone holds it already. */
 int lease_reclaim(Lease *l, void *holder);
+/* The connections of the fd store were taken back: a lease restored for its handed-over connection alone
+ * (its command ended while brokerd was down) that none took back ended while brokerd was down. */
+void lease_table_end_not_taken_back(LeaseTable *t);
 void *lease_get_holder(const Lease *l);
 /* The holder lets go of its side (the caller clears its own): for session.c, which keeps both. */
 void lease_clear_holder(Lease *l);

@@ -1089,18 +1089,25 @@ static void manager_forget_ended(Manager *m) {
 }
 
 /* Before anyone is served, after the leases were restored: what the previous brokerd handed over. */
+/* The fd store's connections are back (or will not be): leases restored for one that did not come back end now,
+ * as they would have at start without a handover. */
+static void manager_taken_back(Manager *m) {
+        lease_table_end_not_taken_back(&m->leases);
+        manager_forget_ended(m);
+}
+
 static void manager_take_back(Manager *m) {
         _cleanup_(handover_done) Handover h = {};
         HandoverLoad load;
         if (m->handover_fds.n_states + m->handover_fds.n_connections == 0) {
-                manager_forget_ended(m);
+                manager_taken_back(m);
                 return;
         }
         int r = handover_load(&m->handover_fds, now_monotonic(), &h, &load);
         if (r < 0) {
                 log_error_errno(r, "Failed to take back the connections of the fd store: %m");
                 handover_fds_done(&m->handover_fds);
-                manager_forget_ended(m);
+                manager_taken_back(m);
                 return;
         }
         if (load.error < 0)
@@ -1157,7 +1164,7 @@ static void manager_take_back(Manager *m) {
         }
         log_info("Took back %zu connection(s) from systemd's fd store: %zu waiting, %zu holding a lease; %zu closed.",
                  h.n_connections + load.closed - n_closed, n_waiting, n_holding, n_closed);
-        manager_forget_ended(m);
+        manager_taken_back(m);
         /* The state's text and its parse were the size of every connection's state at once: give it back, or
          * the heap stays twice what the connections need (bench-handover, 10,000 waiters: 15 → 31 MiB; with
          * the trim, the entries freed one by one and the engine's events drained as they come, +1-2 %). */
@@ -2087,11 +2094,16 @@ static int manager_open_state(Manager *m) {
 }
 
 int manager_start(Manager *m) {
-        int r = manager_open_state(m);
-        if (r < 0)
-                return r;
-
+        /* What the fd store holds first: a lease whose command ended during a handover is then restored for its
+         * connection (lease_restore()), whose Release may tell the command's exit status. */
         int fd = socket_take_from_systemd(&m->handover_fds);
+        m->leases.holders_handed_over = m->handover_fds.n_connections > 0;
+        int r = manager_open_state(m);
+        if (r < 0) {
+                safe_close(fd);
+                return r;
+        }
+
         if (fd >= 0) {
                 log_debug("Listening on the socket systemd passed.");
         } else {

@@ -432,9 +432,11 @@ class Handover(HandoverCase):
         self.w.check(self)
 
     def test_a_holder_whose_command_ended_while_brokerd_was_down(self):
-        """The command ends while brokerd is down (a restart under load): the start finds its lease ended and
-        frees the slot; the holder's connection, which names that lease, is closed with an info line, not a
-        warning (it is no damaged state), and its slotctl exits with the command's status."""
+        """The command ends while brokerd is down (a restart under load): its slotctl's Release, with the
+        command's exit status, waits in the connection the fd store kept. The start restores the lease for that
+        connection alone, takes it back, and the Release ends the lease with its status told (SPEC §3.6: a
+        quarantine or a health job's restore is not lost to the restart); slotctl exits with the command's
+        status, and the slot goes to the next job."""
         b = self.start_broker()
         self.job(b, "holder", 3)
         wait_for(lambda: self.w.started("holder"), 10, message="the holder's command")
@@ -453,10 +455,30 @@ class Handover(HandoverCase):
         self.assertEqual(self.jobs["holder"].wait(10), 3, self.stderrs())
         self.assertEqual(self.jobs["next"].wait(15), 0, self.stderrs())
         self.assertEqual([e.name for e in self.w.started()], ["holder", "next"])
+        self.assertNotIn("could not tell the broker", self.jobs["holder"].stderr())
         log = b.log()
-        self.assertIn("names a lease that ended while brokerd was down; closing it.", log)
         self.assertNotIn("cannot be resumed", log)
-        self.assertIn("Restored 0 lease(s); 1 ended while brokerd was down.", log)
+        self.assertIn("Restored 1 lease(s); 0 ended while brokerd was down.", log)
+        self.assertIn("Took back 2 connection(s) from systemd's fd store: 1 waiting, 1 holding a lease; 0 closed.",
+                      log)
+        self.w.check(self)
+
+    def test_a_holder_whose_command_and_connection_ended_while_brokerd_was_down(self):
+        """As above, and its slotctl is gone too (its connection hung up in the store): the lease restored for
+        that connection ends as soon as the store's connections are taken back, not after the reclaim grace."""
+        b = self.start_broker()
+        self.job(b, "holder", 3)
+        wait_for(lambda: self.w.started("holder"), 10, message="the holder's command")
+        self.queued_job(b, "next", 0, body="true")
+        self.stop_into_store(b)
+        stored = b.store.count("sb-conn")
+        self.jobs.pop("holder").kill()  # slotctl and its command's group
+        b.store.wait_for(lambda s: s.count("sb-conn") == stored - 1, 5, "the hung-up connection dropped")
+        self.start_from_store(b)
+        self.assertEqual(self.jobs["next"].wait(15), 0, self.stderrs())
+        self.assertEqual([e.name for e in self.w.started()], ["holder", "next"])
+        log = b.log()
+        self.assertIn("released: it ended while brokerd was down", log)
         self.w.check(self)
 
     def test_store_too_small(self):
@@ -510,7 +532,8 @@ class Handover(HandoverCase):
                             f"{started - t0:.3f} s)")
 
     def test_a_budget_that_ran_out_while_brokerd_was_down_is_not_granted_with_room(self):
-        """The same with room at the start: the holder's command ended while brokerd was down. The waiter
+        """The same with room at the start: the holder's command ended while brokerd was down (its Release, taken
+        back with its connection, ends its lease as the waiters are taken back). The waiter
         whose budget ran out meanwhile is refused QueueTimeout (SPEC §3.3: never granted after its budget
         ended), not granted because the slot is free; the one behind it, whose budget runs on, is granted."""
         b = self.start_broker()
@@ -541,7 +564,7 @@ class Handover(HandoverCase):
             self.fail(f"a waiter's connection was closed; brokerd:\n{b.log()[-3000:]}")
         self.assertTrue(long.granted, long.msg)
         self.assertEqual(self.jobs["holder"].wait(10), 0, self.stderrs())
-        self.assertIn("Restored 0 lease(s); 1 ended while brokerd was down.", b.log())
+        self.assertIn("Restored 1 lease(s); 0 ended while brokerd was down.", b.log())
 
     def test_configuration_changed_across_the_restart(self):
         """An upgrade that also changes brokerd.conf: a waiter whose lane and pool are gone gets an answer (a

@@ -727,6 +727,33 @@ class Drain(Base):
         self.stop("check", 0)
         self.wait_quarantined(b, set())
 
+    def exit_during_handover(self, name, lane, exit_status, member):
+        """Job `name` holds `member` of rigs across a handover and its command exits with exit_status while no
+        brokerd runs: its Release with the status waits in the handed-over connection. Returns the broker."""
+        b = self.broker(CONFIG.format(after=1, admin="12345"), name, mode="store")
+        if lane == "health":
+            p = self.slotctl(b, "quarantine", "rigs", member, "--reason", "fan noise")
+            self.assertEqual(p.returncode, 0, p.stderr)
+        self.assertEqual(self.running(b, name, lane, "--member", member, exit_status=exit_status), [member])
+        self.assertEqual(b.stop(), 0, b.log()[-3000:])
+        self.w.stop(name)
+        wait_for(lambda: self.w.ended(name), 10, message=f"{name} to end while brokerd is down")
+        b.start()
+        self.assertEqual(self.jobs[name].wait(10), exit_status, self.jobs[name].stderr())
+        self.assertNotIn("could not tell the broker", self.jobs[name].stderr())
+        return b
+
+    def test_an_exit_status_told_while_brokerd_restarts_quarantines(self):
+        # SPEC §3.4/§3.6: a restart loses no job's word. The command exits 3 during the handover; its slotctl
+        # tells the status on the connection the fd store kept: a is quarantined as if no restart had come.
+        b = self.exit_during_handover("broken", "w", 3, "a")
+        q = self.wait_quarantined(b, {"a"})
+        self.assertEqual((q["a"]["job"], q["a"]["exitStatus"]), ("broken", 3))
+
+    def test_a_health_job_that_passes_while_brokerd_restarts_restores(self):
+        b = self.exit_during_handover("check", "health", 0, "a")
+        self.wait_quarantined(b, set())
+
     def held_without_rigs(self, b, config, name, lane, exit_status, *options):
         """Job `name` (to exit with exit_status) holds a of rigs across a handover to a brokerd whose configuration
         has no pool rigs (nor its lanes): its lease is restored into a pool kept for it alone."""
