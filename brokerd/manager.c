@@ -1842,6 +1842,39 @@ static void uses_add_ended(LeaseLogUse **uses, size_t *n, const HistoryLeaseRow 
                         uses_add_held(uses, n, row->also[k].pool, row->also[k].members[i], held);
 }
 
+/* The slots of one pool of a lease that ended while brokerd was down rest (cooldown=, SPEC §3.6) from its end: a
+ * detached lease's expiry (exact), else now, since when its command ended is not known and a licence server
+ * keeps a seat that long after its client is gone. Recorded as any rest. A shared pool's rests are Redis's. */
+static void manager_rest_ended(Manager *m, const char *pool, const unsigned *slots, char *const *members, unsigned n,
+                               usec_t ended_at) {
+        const PoolConfig *pc = conf_find_pool(m->config, pool);
+        usec_t now_m = now_monotonic(), now_r = now_realtime();
+        if (!pc || pc->backend || pc->cooldown == 0 || usec_add(ended_at, pc->cooldown) <= now_r)
+                return;
+        usec_t until = usec_add(ended_at, pc->cooldown);
+        for (unsigned i = 0; i < n; i++) {
+                const char *member = members ? members[i] : NULL;
+                if (engine_pool_rest(m->engine, pool, member, slots[i], now_m + (until - now_r), now_m) >= 0 &&
+                    m->lease_log)
+                        (void) lease_log_rest(m->lease_log, pool, slots[i], member, until);
+        }
+}
+
+static void manager_rest_ended_rows(Manager *m, const HistoryState *s, const bool *ended) {
+        usec_t now_r = now_realtime();
+        for (size_t i = 0; ended && i < s->n_leases; i++) {
+                const HistoryLeaseRow *row = &s->leases[i];
+                if (!ended[i] || row->remote_id)
+                        continue;
+                usec_t at = row->detached ? lease_row_ended_at(row, s->alive_at, now_r) : now_r;
+                manager_rest_ended(m, row->pool, row->slots, row->members, row->n_slots, at);
+                for (size_t k = 0; k < row->n_also; k++)
+                        if (!row->also[k].remote_id)
+                                manager_rest_ended(m, row->also[k].pool, row->also[k].slots, row->also[k].members,
+                                                   row->also[k].n_slots, at);
+        }
+}
+
 static void manager_apply_state(Manager *m, const HistoryState *s, bool from_history, const LeaseLogRest *rests,
                                 size_t n_rests, LeaseLogUse **uses, size_t *n_uses) {
         for (size_t i = 0; i < s->n_floors; i++)
@@ -1855,6 +1888,8 @@ static void manager_apply_state(Manager *m, const HistoryState *s, bool from_his
         manager_apply_token_floor_all(m);
 
         unsigned restored = 0, ended = 0;
+        /* Which rows ended while brokerd was down, for their rests once the log is there (NULL on -ENOMEM: none). */
+        _cleanup_free_ bool *ended_rows = s->n_leases > 0 ? calloc(s->n_leases, sizeof(bool)) : NULL;
 #if HAVE_REDIS
         /* A copy of a running daemon's state directory (a host cloned from a live image, a directory copied
          * beside it): its lease log is that daemon's, whose commands this one must neither hold nor fence. */
@@ -1878,6 +1913,8 @@ static void manager_apply_state(Manager *m, const HistoryState *s, bool from_his
                 if (r >= 0 && !l) { /* ended while brokerd was down: its members' held time up to its end */
                         uses_add_ended(uses, n_uses, row, s->alive_at);
                         manager_note_ended(m, row->id);
+                        if (ended_rows)
+                                ended_rows[i] = true;
                 }
                 if (r < 0 || !l) {
                         audit_ended_while_down(m, row,
@@ -1905,6 +1942,7 @@ static void manager_apply_state(Manager *m, const HistoryState *s, bool from_his
         m->persistence.state_loaded = true;
         m->state_error = 0;
         manager_apply_rests(m, rests, n_rests);
+        manager_rest_ended_rows(m, s, ended_rows);
         if (uses && lease_log_adopt_uses(m->lease_log, TAKE_PTR(*uses), *n_uses) < 0) /* kept for its snapshots */
                 log_oom();
         if (uses)

@@ -10,7 +10,8 @@ Rigs a b, cooldown 3s:
   broker's own records say it was granted at least the cooldown after the release (an order of recorded
   times, not a sleep).
 - A rest in progress survives a restart of brokerd (by hand, and through the fd store): after it, a is still resting, and a job for it is
-  granted no earlier than the release plus the cooldown.
+  granted no earlier than the release plus the cooldown. A job that ends while brokerd is down (stopped, or
+  during a handover) leaves its member resting a whole cooldown after the start, also across the next restart.
 - A reload that removes cooldown= frees the resting member at once: its waiter is granted; a restart with
   cooldown= back does not revive that rest.
 - --check-config refuses a negative, a huge, an unparseable cooldown and one on a shared pool, naming
@@ -170,6 +171,31 @@ class Cooldown(harness.BrokerTestCase):
         # would show (the restart takes far less than 8 s).
         self.assertGreaterEqual(granted["time"] - released["time"], 8000 * 1000 - 50 * 1000, (released, granted))
         self.end(b, "next")
+
+    def test_a_job_that_ends_while_brokerd_is_down_rests_after_the_restart(self):
+        self.ended_while_down("bound")
+
+    def test_a_job_that_ends_during_a_handover_rests_after_it(self):
+        self.ended_while_down("store")
+
+    def ended_while_down(self, mode):
+        # Its command exits while no brokerd runs: nobody saw when, so the member rests a whole cooldown from
+        # the start that finds it ended (a licence server keeps the seat that long after its client exits),
+        # not granted at once to the next job.
+        b = self.broker(CONFIG.replace("cooldown = 3s", "cooldown = 8s"), "ended-while-down", mode=mode)
+        self.running(b, "first", "w", "--member", "a")
+        self.assertEqual(b.stop(), 0, b.log()[-3000:])
+        self.w.stop("first")
+        wait_for(lambda: self.w.ended("first"), 10, message="first to end while brokerd is down")
+        b.start()
+        self.assertEqual(self.jobs["first"].wait(10), 0, self.jobs["first"].stderr())
+        rest = self.resting(b)
+        self.assertEqual(list(rest), ["a"], "a member whose job ended while brokerd was down does not rest")
+        self.assertTrue(7000 < rest["a"] <= 8000, rest)
+        # Written as a rest: a second restart keeps it.
+        self.assertEqual(b.stop(), 0, b.log()[-3000:])
+        b.start()
+        self.assertEqual(list(self.resting(b)), ["a"])
 
     def test_a_reload_without_cooldown_frees_resting_members(self):
         b = self.broker(CONFIG.replace("cooldown = 3s", "cooldown = 1h"), "reload")
