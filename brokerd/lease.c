@@ -279,41 +279,72 @@ static void lease_log_uses_of(LeaseTable *t, char **refs) {
                 lease_table_log_use(t, refs[i], refs[i + 1]);
 }
 
+/* One pool's slots of a lease being released, copied for the rests the release makes (the engine forgets the
+ * lease, and a pool kept for it alone goes with it). */
+typedef struct RestCopy {
+        char *pool;
+        unsigned *slots;
+        char **members; /* an entry NULL on -ENOMEM: matched by index */
+        unsigned n;
+} RestCopy;
+
+static bool pool_cools(LeaseTable *t, const char *pool) {
+        for (size_t i = 0; i < engine_pool_count(t->engine); i++) {
+                EnginePoolInfo info;
+                /* A shared pool's rests are Redis's (every node's, across restarts): nothing to log here. */
+                if (engine_pool_info(t->engine, i, now_of(t, CLOCK_MONOTONIC), &info) >= 0 && streq(info.name, pool))
+                        return info.cooldown > 0 && !info.remote;
+        }
+        return false;
+}
+
+static void rest_copy(LeaseTable *t, RestCopy *c, const char *pool, const unsigned *slots, const char *const *names,
+                      unsigned n) {
+        if (n == 0 || !pool_cools(t, pool) || !(c->pool = strdup(pool)) || !(c->slots = calloc(n, sizeof(unsigned))))
+                return;
+        memcpy(c->slots, slots, n * sizeof(unsigned));
+        if (names && (c->members = calloc(n, sizeof(char *))))
+                for (unsigned j = 0; j < n; j++)
+                        c->members[j] = names[j] ? strdup(names[j]) : NULL;
+        c->n = n;
+}
+
+static void rest_copy_log_done(LeaseTable *t, RestCopy *c) {
+        if (c->n > 0)
+                lease_log_rests(t, c->pool, c->slots, c->members, c->n);
+        for (unsigned j = 0; c->members && j < c->n; j++)
+                free(c->members[j]);
+        free(c->members);
+        free(c->slots);
+        free(c->pool);
+}
+
 void lease_discard(Lease *l) {
         LeaseTable *t = l->table;
         assert(!l->holder); /* its session unlinked it first */
         if (t->log)
                 (void) lease_log_end(t->log, l->id); /* lost to -ENOMEM: the lease ends again after a restart */
-        /* What the release will rest, if its pool has cooldown=: copied first, the engine forgets the lease. */
-        const char *pool = engine_lease_pool(l->engine_lease); /* the engine's: lives as long as it */
-        const unsigned *idx;
-        const char *const *names;
-        unsigned n = engine_lease_slots(l->engine_lease, &idx, &names);
-        _cleanup_free_ unsigned *slots = NULL;
-        char **members = NULL;
-        bool cools = false;
-        for (size_t i = 0; t->log && i < engine_pool_count(t->engine) && !cools; i++) {
-                EnginePoolInfo info;
-                /* A shared pool's rests are Redis's (every node's, across restarts): nothing to log here. */
-                cools = engine_pool_info(t->engine, i, now_of(t, CLOCK_MONOTONIC), &info) >= 0 &&
-                        streq(info.name, pool) && info.cooldown > 0 && !info.remote;
-        }
-        if (cools && n > 0 && (slots = calloc(n, sizeof(unsigned)))) {
-                memcpy(slots, idx, n * sizeof(unsigned));
-                if (names && (members = calloc(n, sizeof(char *))))
-                        for (unsigned j = 0; j < n; j++)
-                                members[j] = names[j] ? strdup(names[j]) : NULL; /* NULL on -ENOMEM: matched by index */
+        /* What the release will rest in each of its pools with cooldown=: copied first. */
+        size_t n_also = engine_lease_also_count(l->engine_lease);
+        _cleanup_free_ RestCopy *rests = t->log ? calloc(n_also + 1, sizeof(RestCopy)) : NULL;
+        if (rests) {
+                const unsigned *idx;
+                const char *const *names;
+                unsigned n = engine_lease_slots(l->engine_lease, &idx, &names);
+                rest_copy(t, &rests[0], engine_lease_pool(l->engine_lease), idx, names, n);
+                for (size_t i = 0; i < n_also; i++) {
+                        EngineLeaseAlso a;
+                        if (engine_lease_also(l->engine_lease, i, &a) >= 0)
+                                rest_copy(t, &rests[i + 1], a.pool, a.slots, a.members, a.n_slots);
+                }
         }
         /* Its members' counts change with the release (held, and an exit status's failures or quarantine). */
         char **refs = t->log ? lease_member_refs(l) : NULL;
         engine_lease_release(l->engine_lease, now_of(t, CLOCK_MONOTONIC));
         lease_log_uses_of(t, refs);
         strv_free(refs);
-        if (slots)
-                lease_log_rests(t, pool, slots, members, n);
-        for (unsigned j = 0; members && j < n; j++)
-                free(members[j]);
-        free(members);
+        for (size_t i = 0; rests && i <= n_also; i++)
+                rest_copy_log_done(t, &rests[i]);
         t->changed = true;
         lease_free(l);
 }

@@ -12,6 +12,7 @@ Rigs a b, cooldown 3s:
 - A rest in progress survives a restart of brokerd (by hand, and through the fd store): after it, a is still resting, and a job for it is
   granted no earlier than the release plus the cooldown. A job that ends while brokerd is down (stopped, or
   during a handover) leaves its member resting a whole cooldown after the start, also across the next restart.
+  The rest of a set's also= pool survives a restart as the chosen pool's does.
 - A reload that removes cooldown= frees the resting member at once: its waiter is granted; a restart with
   cooldown= back does not revive that rest.
 - --check-config refuses a negative, a huge, an unparseable cooldown and one on a shared pool, naming
@@ -196,6 +197,21 @@ class Cooldown(harness.BrokerTestCase):
         self.assertEqual(b.stop(), 0, b.log()[-3000:])
         b.start()
         self.assertEqual(list(self.resting(b)), ["a"])
+
+    def test_a_rest_of_an_also_pool_survives_a_restart(self):
+        # A set's lease (also=) rests its slots in every pool with cooldown= it held; each pool's rest is written
+        # as the chosen pool's is, so that a restart keeps it.
+        config = CONFIG.replace("cooldown = 3s", "cooldown = 8s") + \
+            "\n[pool lic]\nlimit = 1\ncooldown = 8s\n\n[pool plain]\nlimit = 1\n\n" + \
+            "[lane set]\npools = plain\nalso = lic\npolicy = wait\n"
+        b = self.broker(config, "also-rest")
+        self.running(b, "first", "set")
+        self.end(b, "first")
+        self.assertEqual([r.get("slot") for r in b.pool("lic").get("resting", [])], [0])
+        self.assertEqual(b.stop(), 0, b.log()[-3000:])
+        b.start()
+        self.assertEqual([r.get("slot") for r in b.pool("lic").get("resting", [])], [0],
+                         "the rest of the also= pool did not survive the restart")
 
     def test_a_reload_without_cooldown_frees_resting_members(self):
         b = self.broker(CONFIG.replace("cooldown = 3s", "cooldown = 1h"), "reload")
