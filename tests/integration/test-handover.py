@@ -20,8 +20,9 @@ Handover:
 - A handed-over holder's connection is still its lease's life line: closing it (a raw client) or the end of
   the command (`slotctl run`) frees the slot at once, not after reclaim-grace (60 s here).
 - A waiter whose client went away while brokerd was down (systemd drops its fd on EPOLLHUP) is not granted
-  and holds nobody up. A holder whose command ended while brokerd was down: its slot is freed at the start,
-  its connection closed with an info line (no warning), its slotctl exits with the command's status.
+  and holds nobody up. A holder whose command ended while brokerd was down: its connection is taken back
+  and its Release (with the command's exit status) ends the lease, its slotctl exits with the command's
+  status; if its slotctl is gone too, the lease ends once the store is taken back, not a reclaim grace later.
 - FileDescriptorStoreMax= below the connections: those not kept re-queue, the others resume. A waiter's
   budget counts from its Acquire across the restart (refused at its time, not a budget later). A
   configuration changed across the restart: a waiter of a lane gone is answered, one of a grown pool granted,
