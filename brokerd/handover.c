@@ -25,6 +25,8 @@
 #define HANDOVER_BUFFER_TEXT_MAX ((size_t) 128 << 20)
 #define HANDOVER_CONNECTIONS_MAX ((size_t) 1 << 20)
 #define HANDOVER_POOLS_MAX ((size_t) 1 << 16)
+/* A lane's labels= and also= as one text (engine_request_lane_rules()): terms and pools, a few dozen bytes each. */
+#define HANDOVER_LANE_RULES_MAX ((size_t) 1 << 20)
 /* Monotonic µs: what a boot can reach (a century) and no more: a larger value is damage. */
 #define HANDOVER_USEC_MAX ((int64_t) 100 * 365 * 24 * 3600 * 1000000LL)
 
@@ -93,6 +95,7 @@ void handover_acquire_done(HandoverAcquire *a) {
         free(a->member);
         free(a->pool);
         free(a->remote_id);
+        free(a->lane_rules);
         free(a->lease);
         *a = (HandoverAcquire) {};
 }
@@ -216,6 +219,7 @@ static void put_acquire(FILE *f, const HandoverAcquire *a) {
                         (uint64_t) a->arrival, queue_state_name(a->state), (uint64_t) a->idle, a->position);
                 put_usec_field(f, "budget", a->budget);
                 put_string_field(f, "remoteId", a->remote_id);
+                put_string_field(f, "laneRules", a->lane_rules);
                 fputc('}', f);
         }
         fputc('}', f);
@@ -282,7 +286,7 @@ static int parse_buffer(const char *text, void **ret, size_t *ret_size) {
 }
 
 static int parse_waiting(json_t *w, usec_t now, HandoverAcquire *a) {
-        const char *pool = NULL, *state = NULL, *remote_id = NULL;
+        const char *pool = NULL, *state = NULL, *remote_id = NULL, *lane_rules = NULL;
         int64_t arrival = 0, idle = 0, budget = -1, position = 0;
         const JsonField table[] = {
                 { "pool", JSON_FIELD_STRING, JSON_MANDATORY, &pool, .max_length = 256 },
@@ -292,6 +296,7 @@ static int parse_waiting(json_t *w, usec_t now, HandoverAcquire *a) {
                 { "budget", JSON_FIELD_INT64, 0, &budget, 0, HANDOVER_USEC_MAX },
                 { "position", JSON_FIELD_INT64, JSON_MANDATORY, &position, 0, INT64_MAX },
                 { "remoteId", JSON_FIELD_STRING, 0, &remote_id, .max_length = 128 },
+                { "laneRules", JSON_FIELD_STRING, 0, &lane_rules, .max_length = HANDOVER_LANE_RULES_MAX },
                 {},
         };
         if (json_dispatch(w, table, 0, NULL) < 0 || !*pool || (usec_t) arrival > now)
@@ -307,7 +312,8 @@ static int parse_waiting(json_t *w, usec_t now, HandoverAcquire *a) {
         a->idle = (usec_t) idle;
         a->budget = budget < 0 ? USEC_INFINITY : (usec_t) budget;
         a->position = (uint64_t) position;
-        if (strdup_or_null(pool, &a->pool) < 0 || strdup_or_null(remote_id, &a->remote_id) < 0)
+        if (strdup_or_null(pool, &a->pool) < 0 || strdup_or_null(remote_id, &a->remote_id) < 0 ||
+            strdup_or_null(lane_rules, &a->lane_rules) < 0)
                 return -ENOMEM;
         return 0;
 }

@@ -51,6 +51,7 @@ typedef struct HandoverAcquire {
         usec_t budget;            /* USEC_INFINITY: unbounded */
         uint64_t position;        /* 0-based, in that queue: the order of resumption */
         char *remote_id;          /* a shared pool's name for the waiter, or NULL */
+        char *lane_rules;         /* engine_request_lane_rules(), or NULL (a state without it) */
         /* Holding: the lease's id (the lease itself comes from the lease log, never from here). */
         char *lease;
 } HandoverAcquire;

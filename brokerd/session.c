@@ -849,7 +849,8 @@ int session_export(Session *s, HandoverAcquire *ret, bool *ret_has_acquire) {
                         return -ENOMEM;
                 if (strdup_or_null(a->lane, &h.lane) < 0 || strdup_or_null(a->job, &h.job) < 0 ||
                     strdup_or_null(a->member, &h.member) < 0 || strdup_or_null(engine_request_pool(r), &h.pool) < 0 ||
-                    strdup_or_null(engine_request_remote_id(r), &h.remote_id) < 0)
+                    strdup_or_null(engine_request_remote_id(r), &h.remote_id) < 0 ||
+                    engine_request_lane_rules(r, &h.lane_rules) < 0)
                         return -ENOMEM;
         }
         *ret = h;
@@ -942,6 +943,7 @@ static int session_resume_waiter(Session *s, const HandoverAcquire *h) {
                 .idle = h->idle,
                 .budget = h->budget,
                 .remote_id = h->remote_id,
+                .lane_rules = h->lane_rules,
         };
         int r = engine_acquire(m->engine,
                                &(EngineAcquire) {

@@ -368,6 +368,44 @@ const char *engine_request_remote_id(const EngineRequest *r) {
         return r->pool->ops->remote_id(r->pool, r->parts ? r->parts[0].waiter : r->waiter);
 }
 
+/* labels, and also= pools with their K, as one text: sorted, so that the order a lane lists them in does not count. */
+static int lane_rules_text(char *const *labels, size_t n_labels, const char *const *also, const unsigned *k,
+                           size_t n_also, char **ret) {
+        _cleanup_(strv_freep) char **items = calloc(n_labels + n_also + 1, sizeof(char *));
+        if (!items)
+                return -ENOMEM;
+        for (size_t i = 0; i < n_labels + n_also; i++)
+                if ((i < n_labels ? asprintf(&items[i], "label %s", labels[i])
+                                  : asprintf(&items[i], "also %s:%u", also[i - n_labels], k[i - n_labels])) < 0) {
+                        items[i] = NULL;
+                        return -ENOMEM;
+                }
+        return strv_join_sorted(items, ",", ret);
+}
+
+int engine_request_lane_rules(const EngineRequest *r, char **ret) {
+        assert_return(r && ret, -EINVAL);
+        size_t n_also = r->parts ? r->n_parts - 1 : 0;
+        _cleanup_free_ const char **also = calloc(n_also + 1, sizeof(char *));
+        _cleanup_free_ unsigned *k = calloc(n_also + 1, sizeof(unsigned));
+        if (!also || !k)
+                return -ENOMEM;
+        for (size_t i = 0; i < n_also; i++) {
+                also[i] = r->parts[i + 1].pool->name;
+                k[i] = r->parts[i + 1].slots;
+        }
+        return lane_rules_text(r->terms, r->n_lane_terms, also, k, n_also, ret);
+}
+
+static int lane_rules_of(const EngineLane *l, char **ret) {
+        _cleanup_free_ const char **also = calloc(l->n_also + 1, sizeof(char *));
+        if (!also)
+                return -ENOMEM;
+        for (size_t i = 0; i < l->n_also; i++)
+                also[i] = l->also[i]->name;
+        return lane_rules_text(l->labels, strv_length(l->labels), also, l->also_slots, l->n_also, ret);
+}
+
 const char *engine_request_pool(const EngineRequest *r) {
         return r && r->pool ? r->pool->name : NULL;
 }
@@ -1824,9 +1862,24 @@ int engine_acquire(Engine *e, const EngineAcquire *a, usec_t now, EngineRequest 
                 r->budget = resume.budget;
         }
 
+        /* A waiter handed over from a brokerd whose lane had other labels= or also= (a new configuration at the
+         * restart) is refused as a reload refuses it (refuse_changed_lanes()), not granted what it did not ask for. */
+        bool lane_changed = false;
+        if (a->resume && a->resume->lane_rules) {
+                _cleanup_free_ char *rules = NULL;
+                if (lane_rules_of(lane, &rules) < 0) {
+                        request_free(r);
+                        return -ENOMEM;
+                }
+                lane_changed = !streq(rules, a->resume->lane_rules);
+        }
+
         mark_unsettled(e, now);
         list_append(&e->requests, &r->node);
-        if (r->n_route == 0) {
+        if (lane_changed) {
+                r->resume = NULL; /* `resume` goes out of scope */
+                refuse_request(e, r, back ?: fits, REFUSAL_UNAVAILABLE, now, usec_sub_unsigned(now, r->arrival), "reload");
+        } else if (r->n_route == 0) {
                 refuse_request(e, r, fits, REFUSAL_UNAVAILABLE, now, usec_sub_unsigned(now, r->arrival), NULL);
         } else if (r->parts) {
                 r->n_ref++; /* set_route() may finish it */

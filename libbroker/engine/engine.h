@@ -176,6 +176,9 @@ typedef struct EngineResume {
          * its first tick's reconcile drops the waiters of this node it does not list. Until it is served it
          * keeps them for the waiter grace at most (5 s; then refused unavailable "backend"). */
         const char *remote_id;
+        /* engine_request_lane_rules() of the request as it waited: a lane whose labels= or also= changed across
+         * the restart refuses it (unavailable, "reload"), as a reload does. NULL: not known (taken as the same). */
+        const char *lane_rules;
 } EngineResume;
 
 typedef struct EngineAcquire {
@@ -243,6 +246,9 @@ unsigned engine_request_also_slots(const EngineRequest *r, size_t i);
 /* A waiting request's name in the backend of its pool (a shared pool's rid; a set's, the one its parts wait
  * under in every pool), or NULL (an in-process pool, or not waiting). Valid until the request's next event. */
 const char *engine_request_remote_id(const EngineRequest *r);
+/* Its lane's labels= and also= (pools and K) as it took them when it arrived, as one text (the order the lane
+ * lists them in does not matter); for a handover (EngineResume.lane_rules). Returns 0, -ENOMEM. */
+int engine_request_lane_rules(const EngineRequest *r, char **ret);
 
 /* A pool's controlled-delay clock (SPEC §3.1): the last instant it admitted fast (monotonic µs), carried
  * across a restart with the waiters so that their budgets and the congested gauge go on as before (set it

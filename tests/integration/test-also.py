@@ -16,7 +16,8 @@ Pools grid (2), db (1), lic (members l1 l2 l3); lane e2e = grid + db + lic:2.
 - `brokerd --check-config` shows also= and refuses a set naming the lane's own pool, an unknown pool, K
   above a pool's limit, a shared pool among local ones, a pool twice (file:line, key, the lane).
 - A waiting set handed over through the fd store keeps its place: the one-pool waiter behind it in db
-  still does not get db first.
+  still does not get db first. One whose lane's also= changed across the restart is refused as after a
+  reload ("reload"), not granted without the pools it was queued for.
 - history.db (schema 7) records the slots each request asked of each pool: the set's rows, a refusal
   naming db, a one-pool request.
 
@@ -271,6 +272,21 @@ class Also(harness.BrokerTestCase):
         self.end("set")
         wait_for(lambda: self.started("d2"), 10, message="d2 after the set")
         self.end("d2")
+
+    def test_a_restart_that_changes_a_lanes_also_refuses_its_waiting_sets_as_a_reload_does(self):
+        # An upgrade with a new brokerd.conf, through the fd store: lane e2e's also= loses lic while its set waits.
+        # As after a reload, the waiter is refused (unavailable, "reload"), not granted grid and db without the
+        # licences its job was queued for.
+        b = self.broker(CONFIG, "also-changed", mode="store")
+        self.running(b, "d", "db")
+        s = self.queued(b, "set", "e2e")
+        self.assertEqual(b.stop(), 0, b.log()[-3000:])
+        b.write_config(CONFIG.replace("also = db lic:2", "also = db"))
+        b.start()
+        self.end("d")
+        self.assertEqual(s.wait(10), EX_TEMPFAIL, s.stderr())
+        self.assertIn("reload", s.stderr())
+        self.assertFalse(self.started("set"), "a set granted without the pools it was queued for")
 
     def test_check_config_refuses_bad_sets_naming_the_lane(self):
         b = harness.Broker(CONFIG, name="check")

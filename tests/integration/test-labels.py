@@ -256,6 +256,28 @@ class Labels(harness.BrokerTestCase):
         for name in ("hc", "hd", "plain", "usb"):
             self.end(b, name)
 
+    def test_a_restart_that_changes_a_lanes_labels_refuses_its_waiters_as_a_reload_does(self):
+        # An upgrade with a new brokerd.conf, through the fd store: lane arm's labels= become usb3 while its
+        # waiter (queued under arm64) is handed over. As after a reload, it is refused, not granted c (usb3,
+        # no arm64) by a rule it was not queued under; the w waiter, whose lane did not change, stays.
+        b = self.broker(CONFIG, "relabel-restart", mode="store")
+        for m in "abcd":
+            self.running(b, f"h{m}", "w", "--member", m)
+        arm = self.queued(b, "arm", "arm")
+        plain = self.queued(b, "plain", "w")
+        self.assertEqual(b.stop(), 0, b.log()[-3000:])
+        b.write_config(CONFIG.replace("labels = arm64", "labels = usb3"))
+        b.start()
+        self.end(b, "hc")
+        wait_for(lambda: arm.proc.poll() is not None or self.members("arm") or self.members("plain"), 10,
+                 message="an answer")
+        self.assertIsNone(self.members("arm"), "granted a member its lane's labels did not allow when it queued")
+        self.assertEqual(arm.wait(10), EX_TEMPFAIL, arm.stderr())
+        self.assertIn("reload", arm.stderr())
+        self.assertEqual(wait_for(lambda: self.members("plain"), 10, message="the w waiter"), ["c"])
+        for name in ("ha", "hb", "hd", "plain"):
+            self.end(b, name)
+
     def test_bad_input_loses_nothing(self):
         b = self.broker(CONFIG.replace("reclaim-grace = 60s", "reclaim-grace = 60s\nmax-message-size = 2M"), "bad")
         self.assertEqual(self.running(b, "x", "w", "--member", "a"), ["a"])

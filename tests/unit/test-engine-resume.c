@@ -625,6 +625,53 @@ static void test_resumed_waiter_of_a_removed_pool_is_routed_afresh(void **state)
         assert_int_equal(c->wait, S(100));
 }
 
+/* A lane whose also= changed across the restart (a new configuration at the start) refuses its resumed waiter as
+ * a reload refuses it ("reload"), rather than granting it without the pools it waited for; the same rules, or none
+ * known (a state from before they were kept), resume it. */
+static void test_resumed_waiter_of_a_changed_lane_is_refused_as_after_a_reload(void **state) {
+        Fixture *f = *state;
+        config_make(f, 3, 1, 1, 0, -1);
+        LaneAlso also[2] = { { .pool = (char *) "q", .slots = 1 }, { .pool = (char *) "r", .slots = 1 } };
+        f->lane.also = also;
+        f->lane.n_also = 2;
+        engine_start(f, 0);
+        Tag *held = acquire(f, "H", 1, USEC_INFINITY, S(1));
+        assert_int_equal(held->last, ENGINE_EVENT_GRANTED);
+        Tag *w = acquire(f, "W", 1, USEC_INFINITY, S(2));
+        assert_int_equal(w->last, ENGINE_EVENT_QUEUED);
+        _cleanup_free_ char *rules = NULL;
+        assert_int_equal(engine_request_lane_rules(w->request, &rules), 0);
+        assert_string_equal(rules, "also q:1,also r:1");
+
+        EngineResume same = { .pool = "p", .arrival = S(2), .budget = USEC_INFINITY,
+                              .state = QUEUE_STATE_KEEPING_UP, .lane_rules = "also q:1,also r:1" };
+        Tag *a = acquire_ex(f, "A", 1, USEC_INFINITY, &same, S(3));
+        run(f, S(3));
+        assert_int_not_equal(a->last, ENGINE_EVENT_REFUSED); /* waiting in the set's pools */
+        assert_string_equal(engine_request_pool(a->request), "p");
+        EngineResume unknown = { .pool = "p", .arrival = S(2), .budget = USEC_INFINITY,
+                                 .state = QUEUE_STATE_KEEPING_UP };
+        Tag *b = acquire_ex(f, "B", 1, USEC_INFINITY, &unknown, S(3));
+        run(f, S(3));
+        assert_int_not_equal(b->last, ENGINE_EVENT_REFUSED); /* waiting in the set's pools */
+        assert_string_equal(engine_request_pool(b->request), "p");
+        EngineResume changed = { .pool = "p", .arrival = S(2), .budget = USEC_INFINITY,
+                                 .state = QUEUE_STATE_KEEPING_UP, .lane_rules = "also q:2,also r:1" };
+        Tag *c = acquire_ex(f, "C", 1, USEC_INFINITY, &changed, S(3));
+        run(f, S(3));
+        assert_int_equal(c->last, ENGINE_EVENT_REFUSED);
+        assert_int_equal(c->refusal, REFUSAL_UNAVAILABLE);
+        EngineResume labels = { .pool = "p", .arrival = S(2), .budget = USEC_INFINITY,
+                                .state = QUEUE_STATE_KEEPING_UP, .lane_rules = "also q:1,also r:1,label arm64" };
+        Tag *d = acquire_ex(f, "D", 1, USEC_INFINITY, &labels, S(3));
+        run(f, S(3));
+        assert_int_equal(d->last, ENGINE_EVENT_REFUSED);
+        assert_int_equal(d->refusal, REFUSAL_UNAVAILABLE);
+        engine_request_cancel(w->request, S(4));
+        engine_request_cancel(a->request, S(4));
+        engine_request_cancel(b->request, S(4));
+}
+
 static void test_resume_and_clock_arguments_are_checked(void **state) {
         Fixture *f = *state;
         config_make(f, 1, 1, 1, S(60), -1);
@@ -660,6 +707,7 @@ int main(void) {
                 T(test_max_queue_does_not_refuse_resumed_waiters),
                 T(test_resumed_waiter_granted_only_as_a_new_request_would_be),
                 T(test_resumed_waiter_of_a_removed_pool_is_routed_afresh),
+                T(test_resumed_waiter_of_a_changed_lane_is_refused_as_after_a_reload),
                 T(test_resume_and_clock_arguments_are_checked),
         };
         return cmocka_run_group_tests(tests, NULL, NULL);

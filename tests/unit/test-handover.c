@@ -66,6 +66,7 @@ static void fill(Handover *h) {
                 .budget = 123 * USEC_PER_SEC,
                 .position = 2,
                 .remote_id = strdup("node:rid-1"),
+                .lane_rules = strdup("also db:1,label arm64"),
         };
         /* A holder. */
         assert_int_equal(handover_add_connection(h, &c), 0);
@@ -128,6 +129,7 @@ static void test_round_trip(void **state) {
         assert_int_equal(a->state, QUEUE_STATE_SATURATED);
         assert_int_equal(a->position, 2);
         assert_string_equal(a->remote_id, "node:rid-1");
+        assert_string_equal(a->lane_rules, "also db:1,label arm64");
         assert_null(a->lease);
 
         const HandoverAcquire *l = &back.connections[1].acquire;
