@@ -727,6 +727,33 @@ class SetHandover(SetJobs):
         self.assertEqual(self.watch.most, {"rigs": 1, "db": 2})
 
 
+    def test_a_set_whose_command_ends_during_the_handover_is_given_back_whole(self):
+        """`held`'s command ends while node-a is down: its Release waits in the connection the store kept. The
+        start restores the set for that connection, takes it back, and the Release gives both shares back to
+        Redis at once (not a node TTL later); the waiting set gets them whole, before node-b's db job."""
+        held = self.running(self.a, "held", "set")
+        self.running(self.a, "lone", "db")
+        self.queued(self.a, "waiting", "set")
+        self.queued(self.b, "behind", "db")
+        wait_for(lambda: [(w.get("job"), w["position"]) for w in self.b.status()["waiters"]] == [("behind", 2)], 10,
+                 message="node-b's db job second in db's queue")
+        self.assertEqual(self.a.stop(), 0, self.a.log()[-4000:])
+        self.w.stop("held")
+        wait_for(lambda: self.w.ended("held"), 10, message="held to end while node-a is down")
+        self.a.start()
+        self.assertEqual(self.jobs["held"].wait(10), 0, self.jobs["held"].stderr())
+        self.assertNotIn("could not tell the broker", self.jobs["held"].stderr())
+        got = wait_for(lambda: self.started("waiting", "set") or self.w.started("behind"), TTL - 1,
+                       message="the waiting set (or node-b's db job) within a node TTL of the restart")
+        self.assertEqual(self.w.started("behind"), [], "node-b's db job passed the waiting set")
+        self.assertEqual(got["db"].slots, held["db"].slots)
+        redis_now = self.watch.leases()
+        self.assertNotIn(held["rigs"].token, redis_now["rigs"])
+        self.assertNotIn(held["db"].token, redis_now["db"])
+        for name in ("lone", "waiting", "behind"):
+            self.end(name)
+        self.assert_no_failure()
+
 def collections_of(events):
     """{job: {pool: its start Event}} of start lines."""
     out = {}
