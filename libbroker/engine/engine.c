@@ -1807,16 +1807,19 @@ int engine_acquire(Engine *e, const EngineAcquire *a, usec_t now, EngineRequest 
                                 back = p;
                 }
         }
-        if (!fits) {
+        /* An all-or-nothing lane (SPEC §3.5): each also= pool must be able to give its share at all. */
+        bool never = !fits;
+        for (size_t i = 0; i < lane->n_also; i++)
+                never = never || lane->also_slots[i] > MIN(lane->also[i]->limit, lane->also_most[i]);
+        /* A waiter handed over that the new configuration can never grant (its member gone, a pool shrunk) was
+         * valid when it queued: refused as a reload refuses it (refuse_changed_lanes()), not as bad input. */
+        Pool *resumed_in = never && a->resume && lane->n_pools > 0 ? pool_by_name(e, a->resume->pool) : NULL;
+        if (never && a->resume && lane->n_pools > 0)
+                fits = resumed_in ?: lane->pools[0];
+        else if (never) {
                 request_free(r);
                 return -EINVAL;
         }
-        /* An all-or-nothing lane (SPEC §3.5): each also= pool must be able to give its share at all. */
-        for (size_t i = 0; i < lane->n_also; i++)
-                if (lane->also_slots[i] > MIN(lane->also[i]->limit, lane->also_most[i])) {
-                        request_free(r);
-                        return -EINVAL;
-                }
         if (lane->n_also > 0) {
                 r->n_parts = 1 + lane->n_also;
                 r->parts = calloc(r->n_parts, sizeof(RequestPart));
@@ -1864,8 +1867,8 @@ int engine_acquire(Engine *e, const EngineAcquire *a, usec_t now, EngineRequest 
 
         /* A waiter handed over from a brokerd whose lane had other labels= or also= (a new configuration at the
          * restart) is refused as a reload refuses it (refuse_changed_lanes()), not granted what it did not ask for. */
-        bool lane_changed = false;
-        if (a->resume && a->resume->lane_rules) {
+        bool lane_changed = never;
+        if (!never && a->resume && a->resume->lane_rules) {
                 _cleanup_free_ char *rules = NULL;
                 if (lane_rules_of(lane, &rules) < 0) {
                         request_free(r);

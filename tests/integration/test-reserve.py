@@ -456,6 +456,27 @@ class Reserve(harness.BrokerTestCase):
         self.assertFalse(b.pool("rigs")["drained"])  # a drain still says "drained": the test above
         self.stop("h1")
 
+    def test_a_restart_that_removes_the_member_it_waits_for_says_so(self):
+        # The same through a handover whose new brokerd.conf removes a: the waiters are refused as after a
+        # reload (unavailable, "reload", exit 75), not as bad input (InvalidParameter "member", exit 64: a
+        # CI job's own mistake, not retried), nor with a wait for ever or a drain.
+        b = self.rigs("member-gone-restart", mode="store")
+        self.assertEqual(self.running(b, "h1", "--member", "a"), ["a"])
+        r = self.waiting_reservation(b, "rigs", "--member", "a", "--for", "1h", "--reason", "wants a")
+        j = self.queued(b, "for-a", "--member", "a")
+        self.assertEqual(b.stop(), 0, b.log()[-3000:])
+        b.write_config(CONFIG.format(admin="12345").replace("members = a b", "members = b c"))
+        b.start()
+        r.communicate(timeout=10)
+        self.assertEqual(r.returncode, 75, r.stderr_text())
+        self.assertEqual(j.wait(10), 75, j.stderr())
+        for err in (r.stderr_text(), j.stderr()):
+            self.assertIn("pool rigs: reload", err)
+            self.assertNotIn("drained", err)
+            self.assertNotIn("queued again", err)
+        self.assertFalse(self.w.started("for-a"))
+        self.stop("h1")
+
     def test_shared_pools_check_a_member_against_their_rules(self):
         # A reservation on a shared pool is taken, for a member too (test-shared-cooldown.py); one for a member
         # the pool does not have is refused before anything reaches Redis (here none answers).
