@@ -749,6 +749,12 @@ class Drain(Base):
         b = self.exit_during_handover("broken", "w", 3, "a")
         q = self.wait_quarantined(b, {"a"})
         self.assertEqual((q["a"]["job"], q["a"]["exitStatus"]), ("broken", 3))
+        rows = {e["decision"]: e for e in b.call("io.slotbroker.History", {})["events"] if e.get("job") == "broken"}
+        self.assertEqual(rows["released"].get("exitStatus"), 3)
+        # Written as any quarantine: a crash and a start keep it.
+        b.crash()
+        b.start()
+        self.assertEqual(set(self.quarantined(b)), {"a"})
 
     def test_a_health_job_that_passes_while_brokerd_restarts_restores(self):
         b = self.exit_during_handover("check", "health", 0, "a")
