@@ -22,6 +22,9 @@ Rigs a b of pool rigs, quarantine-exit-codes = 3 4, quarantine-after = 1 (and = 
 - A lease held across a handover to a configuration without its pool (restored into a pool kept for it alone):
   its job's exit 3 quarantines the member, and a health job's exit 0 restores it, once a reload brings the pool
   back (Drain class).
+- A job's exit status told while brokerd restarts through the fd store (its Release waiting in the connection
+  the store kept) quarantines (exit 3) or restores (a health job's exit 0) as without the restart; a waiter for
+  a member whose drain's --until came during such a restart gets it (Drain class).
 - Journal (Journal class, inside journald-ns.sh): [QUARANTINED] and [RESTORED] with their MESSAGE_IDs, in
   the catalog, and SLOT_MEMBER, SLOT_JOB, SLOT_EXIT_STATUS, SLOT_REASON; [ADMIN_DENIED] for a non-admin.
 
@@ -538,6 +541,30 @@ class Drain(Base):
         self.assertEqual((row["pool"], row.get("selector"), row.get("reason")), ("rigs", "@a", "reflash"))
         self.assertEqual(row["until"], until * 10**6)
         self.assertIn("[UNDRAINED] Member a of pool rigs undrained (its --until came)", b.log())
+
+    def test_a_waiter_for_a_member_whose_drain_ends_during_a_handover_gets_it(self):
+        # A job waits for a, drained --until; the until comes while brokerd is down (a restart through the fd
+        # store): the next brokerd ends the drain, takes the waiter back at its place, and grants it a.
+        for margin in (2, 5, 12):
+            b = self.broker(CONFIG.format(after=1, admin="12345"), f"until-handover-{margin}", mode="store")
+            until = int(time.time()) + margin
+            p = self.slotctl(b, "drain", "rigs", "a", "--reason", "reflash", "--until", f"@{until}")
+            self.assertEqual(p.returncode, 0, p.stderr)
+            waiter = self.queued(b, f"for-a-{margin}", "w", "--member", "a")
+            self.assertEqual(b.stop(), 0, b.log()[-3000:])
+            if time.time() < until - 0.1:
+                break
+            self.stop(f"for-a-{margin}")  # granted a before the stop: the drain ended while brokerd ran
+        else:
+            self.fail("the drain's until came before brokerd stopped, three times")
+        wait_for(lambda: time.time() > until + 0.2, 15, message="the until to pass")
+        b.start()
+        name = f"for-a-{margin}"
+        got = wait_for(lambda: self.w.started(name) or waiter.proc.poll() is not None, 10, message=f"{name} granted")
+        self.assertIsNot(got, True, waiter.stderr())
+        self.assertEqual(got[0].slots, ["a"])
+        self.assertNotIn("queued again", waiter.stderr())
+        self.stop(name)
 
     def test_drains_and_quarantines_survive_a_handover(self):
         # A restart through systemd's fd store (SPEC §3.4) reads members.state as any start does.
