@@ -1061,53 +1061,19 @@ static const char *handover_error_reason(int error) {
         }
 }
 
-/* A lease the start found ended, noted until the fd store's connections are taken back (manager_take_back(),
- * before brokerd listens), which frees the list. */
-static void manager_note_ended(Manager *m, const char *id) {
-        if (m->listen_source)
-                return;
-        char **l = reallocarray(m->ended_at_start, m->n_ended_at_start + 1, sizeof(char *));
-        if (!l)
-                return; /* the connection's closing is then logged as a warning: no harm */
-        m->ended_at_start = l;
-        if ((l[m->n_ended_at_start] = strdup(id)))
-                m->n_ended_at_start++;
-}
-
-static bool manager_ended_at_start(const Manager *m, const char *id) {
-        for (size_t i = 0; id && i < m->n_ended_at_start; i++)
-                if (streq(m->ended_at_start[i], id))
-                        return true;
-        return false;
-}
-
-static void manager_forget_ended(Manager *m) {
-        for (size_t i = 0; i < m->n_ended_at_start; i++)
-                free(m->ended_at_start[i]);
-        m->ended_at_start = mfree(m->ended_at_start);
-        m->n_ended_at_start = 0;
-}
-
 /* Before anyone is served, after the leases were restored: what the previous brokerd handed over. */
-/* The fd store's connections are back (or will not be): leases restored for one that did not come back end now,
- * as they would have at start without a handover. */
-static void manager_taken_back(Manager *m) {
-        lease_table_end_not_taken_back(&m->leases);
-        manager_forget_ended(m);
-}
-
 static void manager_take_back(Manager *m) {
         _cleanup_(handover_done) Handover h = {};
         HandoverLoad load;
         if (m->handover_fds.n_states + m->handover_fds.n_connections == 0) {
-                manager_taken_back(m);
+                lease_table_end_not_taken_back(&m->leases);
                 return;
         }
         int r = handover_load(&m->handover_fds, now_monotonic(), &h, &load);
         if (r < 0) {
                 log_error_errno(r, "Failed to take back the connections of the fd store: %m");
                 handover_fds_done(&m->handover_fds);
-                manager_taken_back(m);
+                lease_table_end_not_taken_back(&m->leases);
                 return;
         }
         if (load.error < 0)
@@ -1130,13 +1096,9 @@ static void manager_take_back(Manager *m) {
                         r = connection_restore(s->connection, c->input, c->n_input, c->output, c->n_output);
                 if (r >= 0 && c->has_acquire)
                         r = session_resume(s, &c->acquire);
-                if (r == -EPERM && c->has_acquire && manager_ended_at_start(m, c->acquire.lease))
-                        /* Its command exited while brokerd was down (a restart under load): its client
-                         * reports the exit status as ever. */
-                        log_info("The connection of pid %d handed over names a lease that ended while brokerd was "
-                                 "down; closing it.",
-                                 s ? (int) s->cred.pid : 0);
-                else if (r < 0)
+                /* A lease whose command ended while brokerd was down is restored for its connection
+                 * (lease_restore()): only a lease the log does not have is not its own here. */
+                if (r < 0)
                         log_warning_errno(r, "The connection of pid %d handed over cannot be resumed (%s); closing it, "
                                              "its client queues again or reclaims.",
                                           s ? (int) s->cred.pid : 0,
@@ -1164,7 +1126,8 @@ static void manager_take_back(Manager *m) {
         }
         log_info("Took back %zu connection(s) from systemd's fd store: %zu waiting, %zu holding a lease; %zu closed.",
                  h.n_connections + load.closed - n_closed, n_waiting, n_holding, n_closed);
-        manager_taken_back(m);
+        /* A lease restored for its connection alone (its command ended) that did not come back ends now. */
+        lease_table_end_not_taken_back(&m->leases);
         /* The state's text and its parse were the size of every connection's state at once: give it back, or
          * the heap stays twice what the connections need (bench-handover, 10,000 waiters: 15 → 31 MiB; with
          * the trim, the entries freed one by one and the engine's events drained as they come, +1-2 %). */
@@ -1912,7 +1875,6 @@ static void manager_apply_state(Manager *m, const HistoryState *s, bool from_his
                 int r = lease_restore(&m->leases, row, s->alive_at, &l);
                 if (r >= 0 && !l) { /* ended while brokerd was down: its members' held time up to its end */
                         uses_add_ended(uses, n_uses, row, s->alive_at);
-                        manager_note_ended(m, row->id);
                         if (ended_rows)
                                 ended_rows[i] = true;
                 }
@@ -2401,7 +2363,6 @@ Manager *manager_free(Manager *m) {
         sd_event_source_disable_unref(m->watchdog_timer);
         sd_event_source_disable_unref(m->stop_timer);
         handover_fds_done(&m->handover_fds);
-        manager_forget_ended(m);
         /* Leases are not ended: their rows stay for the next start to restore. The stop's instant is the last
          * one brokerd was known to run: a lease found ended at the next start counts its held time up to it
          * (lease_row_ended_at()), not to the alive mark of up to LEASE_LOG_ALIVE_INTERVAL before. */

@@ -96,10 +96,6 @@ typedef struct Manager {
          * state, once no grant is being written (handover.h). */
         bool handing_over;
         HandoverFds handover_fds;       /* what systemd passed at start besides the listening socket */
-        /* The leases the start found ended (their commands exited while brokerd was down): a connection of the
-         * fd store that names one is closed as any whose lease is not in the log, but that is no warning. */
-        char **ended_at_start;
-        size_t n_ended_at_start;
         uint64_t token_floor_all;       /* fencing tokens of every pool continue above it; 0: none */
 
         /* SPEC §3.4: nothing is granted before what was persisted has been read (persistence.h). */
