@@ -438,35 +438,32 @@ class Reserve(harness.BrokerTestCase):
         # A reservation (and a job) waiting for member a, which a reload removes: refused unavailable, as a
         # selector nothing can satisfy any more is. Before, the client and the journal said the pool was
         # drained, which it was not: an operator looked for a drain that nobody had made.
-        b = self.rigs("member-gone")
-        self.assertEqual(self.running(b, "h1", "--member", "a"), ["a"])
-        r = self.waiting_reservation(b, "rigs", "--member", "a", "--for", "1h", "--reason", "wants a")
-        j = self.queued(b, "for-a", "--member", "a")
-        b.write_config(CONFIG.format(admin="12345").replace("members = a b", "members = b c"))
-        self.assertEqual(self.slotctl(b, "reload").returncode, 0)
-        r.communicate(timeout=10)
-        self.assertEqual(r.returncode, 75, r.stderr_text())
-        self.assertEqual(j.wait(10), 75, j.stderr())
-        for err in (r.stderr_text(), j.stderr()):
-            self.assertIn("pool rigs: reload", err)
-            self.assertNotIn("drained", err)
+        b = self.member_removed("member-gone", "bound")
         wait_for(lambda: "Request of lane @reserve refused on pool rigs: a reload left the pool nothing" in b.log(), 10,
                  message="the refusal in the journal")
         self.assertNotIn("the pool is drained", b.log())
         self.assertFalse(b.pool("rigs")["drained"])  # a drain still says "drained": the test above
-        self.stop("h1")
 
     def test_a_restart_that_removes_the_member_it_waits_for_says_so(self):
         # The same through a handover whose new brokerd.conf removes a: the waiters are refused as after a
         # reload (unavailable, "reload", exit 75), not as bad input (InvalidParameter "member", exit 64: a
         # CI job's own mistake, not retried), nor with a wait for ever or a drain.
-        b = self.rigs("member-gone-restart", mode="store")
+        self.member_removed("member-gone-restart", "store")
+
+    def member_removed(self, name, mode):
+        """A reservation and a job wait for a, which the next configuration removes: by a reload (mode "bound"),
+        or at a restart through the fd store ("store"). Both are refused as a reload refuses them."""
+        b = self.rigs(name, mode=mode)
         self.assertEqual(self.running(b, "h1", "--member", "a"), ["a"])
         r = self.waiting_reservation(b, "rigs", "--member", "a", "--for", "1h", "--reason", "wants a")
         j = self.queued(b, "for-a", "--member", "a")
-        self.assertEqual(b.stop(), 0, b.log()[-3000:])
+        if mode == "store":
+            self.assertEqual(b.stop(), 0, b.log()[-3000:])
         b.write_config(CONFIG.format(admin="12345").replace("members = a b", "members = b c"))
-        b.start()
+        if mode == "store":
+            b.start()
+        else:
+            self.assertEqual(self.slotctl(b, "reload").returncode, 0)
         r.communicate(timeout=10)
         self.assertEqual(r.returncode, 75, r.stderr_text())
         self.assertEqual(j.wait(10), 75, j.stderr())
@@ -476,6 +473,7 @@ class Reserve(harness.BrokerTestCase):
             self.assertNotIn("queued again", err)
         self.assertFalse(self.w.started("for-a"))
         self.stop("h1")
+        return b
 
     def test_shared_pools_check_a_member_against_their_rules(self):
         # A reservation on a shared pool is taken, for a member too (test-shared-cooldown.py); one for a member
