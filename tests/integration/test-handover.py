@@ -464,6 +464,30 @@ class Handover(HandoverCase):
                       log)
         self.w.check(self)
 
+    def test_a_holder_whose_command_ended_across_two_quick_restarts(self):
+        """As above, and a second restart follows the first at once (before its slotctl's Release may have been
+        read): the lease, held by its connection alone, is handed over again and ends with the status told."""
+        b = self.start_broker()
+        self.job(b, "holder", 3)
+        wait_for(lambda: self.w.started("holder"), 10, message="the holder's command")
+        self.queued_job(b, "next", 0, body="true")
+        self.stop_into_store(b)
+        self.w.stop("holder")
+        pid = self.jobs["holder"].proc.pid
+
+        def reaped():
+            with open(f"/proc/{pid}/task/{pid}/children") as f:
+                return self.w.ended("holder") and not f.read().split()
+        wait_for(reaped, 10, message="the holder's command to end")
+        self.restart(b)
+        self.restart(b)
+        self.assertEqual(self.jobs["holder"].wait(10), 3, self.stderrs())
+        self.assertNotIn("could not tell the broker", self.jobs["holder"].stderr())
+        self.assertEqual(self.jobs["next"].wait(15), 0, self.stderrs())
+        self.assertEqual([e.name for e in self.w.started()], ["holder", "next"])
+        self.assert_nobody_requeued()
+        self.w.check(self)
+
     def test_a_holder_whose_command_and_connection_ended_while_brokerd_was_down(self):
         """As above, and its slotctl is gone too (its connection hung up in the store): the lease restored for
         that connection ends as soon as the store's connections are taken back, not after the reclaim grace."""
