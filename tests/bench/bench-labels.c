@@ -6,11 +6,18 @@
  *
  *   bench-labels [WAITERS [RELEASES]]        (defaults 10000 and 5000)
  *   bench-labels arrivals [ARRIVALS]         (default 1000)
+ *   bench-labels config [ROUNDS]             (default 5)
  *
  * The second: arrivals at a pool of 10,000 members, one label on 5,000 of them (the review's pool: a selector
  * was resolved member by member against the label's list, per arrival). Each arrival asks for a label, its
  * negation, or a named member carrying it, is granted at once and released; acquire + grant is timed. The
  * same arrivals without labels are the reference, in the same run.
+ *
+ * The third: the configuration of that pool read and validated as brokerd --check-config and a reload do
+ * (config_load_buffer()): members= of 10,000, a label on every other of them listed from the end, and a lane
+ * whose labels= only the last member satisfies (the check that some member can satisfy it looks at every
+ * member before it). The slowest and the fastest of ROUNDS are printed, and the same configuration without the
+ * label and the lane's labels= is the reference, in the same run.
  *
  * The engine alone, on a fake clock: no sockets, no brokerd (bench-waiters measures those). */
 #include <errno.h>
@@ -21,6 +28,7 @@
 #include <sys/resource.h>
 
 #include "bench-util.h"
+#include "config-files.h"
 #include "engine.h"
 #include "macro.h"
 #include "strv.h"
@@ -272,8 +280,62 @@ static void run_arrivals(bool labelled, size_t n_arrivals) {
         strv_free(members);
 }
 
+/* The text of the configuration `bench-labels config` reads: short member names, so that members= of 10,000
+ * fits a line (CONFIG_LINE_MAX). */
+static char *config_text(bool labelled) {
+        char *text = NULL;
+        size_t size = 0;
+        FILE *f = open_memstream(&text, &size);
+        if (!f)
+                exit(EXIT_FAILURE);
+        fputs("[pool fleet]\nmembers=", f);
+        for (size_t i = 0; i < BIG_MEMBERS; i++)
+                fprintf(f, "%sr%04zu", i ? " " : "", i);
+        if (labelled) {
+                fputs("\nlabel.half=", f);
+                for (size_t i = 0; i < BIG_MEMBERS / 2; i++)
+                        fprintf(f, "%sr%04zu", i ? " " : "", (size_t) BIG_MEMBERS - 1 - 2 * i);
+                fprintf(f, "\nlabel.last=r%04d", BIG_MEMBERS - 1);
+        }
+        fprintf(f, "\n[lane l]\npools=fleet\n%s", labelled ? "labels=half last\n" : "");
+        if (fclose(f) != 0)
+                exit(EXIT_FAILURE);
+        return text;
+}
+
+static void run_config(bool labelled, size_t rounds) {
+        char *text = config_text(labelled);
+        uint64_t slowest = 0, fastest = UINT64_MAX;
+        for (size_t i = 0; i < rounds; i++) {
+                BrokerConfig *c = NULL;
+                ConfErrors errors = {};
+                uint64_t t0 = bench_now_ns();
+                int r = config_load_string(text, "bench.conf", &c, &errors);
+                uint64_t t = bench_now_ns() - t0;
+                if (r < 0) {
+                        conf_errors_print(&errors, stderr);
+                        exit(EXIT_FAILURE);
+                }
+                conf_errors_done(&errors);
+                conf_free(c);
+                slowest = MAX(slowest, t);
+                fastest = MIN(fastest, t);
+        }
+        printf("%-10s members %d, label on %d, %zu rounds: read + validate fastest %.2f ms, slowest %.2f ms\n",
+               labelled ? "labelled" : "unlabelled", BIG_MEMBERS, labelled ? BIG_MEMBERS / 2 : 0, rounds,
+               fastest / 1e6, slowest / 1e6);
+        free(text);
+}
+
 int main(int argc, char **argv) {
         char load[128];
+        if (argc > 1 && streq(argv[1], "config")) {
+                size_t rounds = argc > 2 ? strtoul(argv[2], NULL, 10) : 5;
+                printf("bench-labels config: load average %s\n", bench_loadavg(load, sizeof load));
+                run_config(false, rounds);
+                run_config(true, rounds);
+                return 0;
+        }
         if (argc > 1 && streq(argv[1], "arrivals")) {
                 size_t arrivals = argc > 2 ? strtoul(argv[2], NULL, 10) : 1000;
                 printf("bench-labels arrivals: load average %s\n", bench_loadavg(load, sizeof load));
