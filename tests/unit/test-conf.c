@@ -1155,6 +1155,98 @@ static void test_validate_lane_labels_some_member_can_satisfy(void **state) {
         assert_false(has_error("test.conf:75", NULL, NULL));
 }
 
+/* The errors of labels naming members a pool does not have come in the order of the labels, then of each label's
+ * list, one for each such name, whatever order the members are listed in (the check looks names up in a sorted
+ * index, not in the list). Names differ from members only by case or a prefix. */
+static void test_validate_label_unknown_members_in_list_order(void **state) {
+        valid_config();
+        set_ok("pool rigs", "members", "m-3 m-1 m-2 M-4 m-10");
+        set_at(90, "pool rigs", "label.b", "m-9 m-1 m- m-10 M-1");
+        set_at(91, "pool rigs", "label.a", "m-4 m-3 m-2 m-20");
+        set_at(92, "pool rigs", "label.c", "");
+        assert_int_equal(conf_validate(c, &errors), -EINVAL);
+        static const char *const expected[][2] = {
+                { "test.conf:90", "label b names m-9, which is not a member of pool rigs (members=)" },
+                { "test.conf:90", "label b names m-, which is not a member of pool rigs (members=)" },
+                { "test.conf:90", "label b names M-1, which is not a member of pool rigs (members=)" },
+                { "test.conf:91", "label a names m-4, which is not a member of pool rigs (members=)" },
+                { "test.conf:91", "label a names m-20, which is not a member of pool rigs (members=)" },
+        };
+        assert_int_equal(errors.n_errors, ELEMENTSOF(expected));
+        for (size_t i = 0; i < ELEMENTSOF(expected); i++) {
+                assert_string_equal(errors.errors[i].where, expected[i][0]);
+                assert_string_equal(errors.errors[i].message, expected[i][1]);
+        }
+}
+
+/* A lane's labels= against a pool whose members and labels list names in other orders, a label naming a member
+ * the pool lacks (an error of its own, and carried by no member), a label set twice (the later list counts), and
+ * terms of labels the pool does not define: satisfiable exactly when some member carries each "L" and none of
+ * the "!L". */
+static void test_validate_lane_labels_against_unordered_members(void **state) {
+        valid_config();
+        set_ok("pool rigs", "members", "r5 r3 r1 r4 r2");
+        set_ok("pool rigs", "label.odd", "r1 r5 r3");
+        set_ok("pool rigs", "label.low", "r2 r1");
+        set_ok("pool rigs", "label.ghost", "r9");
+        set_ok("pool rigs", "label.top", "r4");
+        set_ok("pool rigs", "label.top", "r5"); /* later wins */
+        static const struct {
+                const char *labels;
+                bool satisfiable;
+        } cases[] = {
+                { "odd low", true },          /* r1 */
+                { "odd !low", true },         /* r3, r5 */
+                { "!odd !low", true },        /* r4 */
+                { "odd low top", false },
+                { "top odd", true },          /* r5 */
+                { "top !odd", false },        /* r4 was top once */
+                { "ghost", false },
+                { "!ghost odd top", true },
+                { "nosuch", false },
+                { "!nosuch !odd !low !top", true },
+                { "!odd !low !top", true },   /* r4 */
+                { "!odd !low !top !nosuch2 low", false },
+        };
+        for (size_t i = 0; i < ELEMENTSOF(cases); i++) {
+                char section[32];
+                snprintf(section, sizeof section, "lane l%zu", i);
+                set_ok(section, "pools", "rigs");
+                set_at(200 + (unsigned) i, section, "labels", cases[i].labels);
+        }
+        assert_int_equal(conf_validate(c, &errors), -EINVAL);
+        assert_has_error(NULL, "label.ghost", "label ghost names r9, which is not a member of pool rigs");
+        for (size_t i = 0; i < ELEMENTSOF(cases); i++) {
+                char where[32];
+                snprintf(where, sizeof where, "test.conf:%zu", 200 + i);
+                if (has_error(where, "labels", "which no member of its pools satisfies") == cases[i].satisfiable)
+                        fail_msg("lane l%zu labels=%s: expected %s", i, cases[i].labels,
+                                 cases[i].satisfiable ? "satisfiable" : "an error");
+        }
+        assert_int_equal(errors.n_errors, 1 + 5);
+}
+
+/* A lane's labels= with a term listed twice or an invalid one: the first offending term in list order is named,
+ * an invalid one before a repeat, as for member lists; a long list is checked before its length is refused. */
+static void test_lane_labels_first_offending_term_is_named(void **state) {
+        set_fails("lane l", "labels", "b a c a b", "label \"a\" is listed twice");
+        set_fails("lane l", "labels", "b !a b !a", "label \"b\" is listed twice");
+        set_fails("lane l", "labels", "a !a a", "label \"a\" is listed twice");
+        set_fails("lane l", "labels", "a B a", "invalid label \"B\"");
+        set_fails("lane l", "labels", "a a B", "label \"a\" is listed twice");
+
+        const size_t n = 20000;
+        char *text = NULL;
+        size_t size = 0;
+        FILE *f = open_memstream(&text, &size);
+        assert_non_null(f);
+        for (size_t i = 0; i < n; i++)
+                fprintf(f, "%sl%zu", i ? " " : "", (i * 7919) % n); /* distinct, not in order */
+        assert_int_equal(fclose(f), 0);
+        set_fails("lane l", "labels", text, "20000 labels are too many");
+        free(text);
+}
+
 static void test_quarantine_exit_codes_are_1_to_255(void **state) {
         set_ok("pool rigs", "members", "a b");
         set_fails("pool rigs", "quarantine-exit-codes", "0", "expected integers from 1 to 255");
@@ -1520,6 +1612,9 @@ int main(void) {
                 T(test_pool_label_names_and_members_must_be_valid),
                 T(test_validate_labels_need_members_and_name_known_ones),
                 T(test_validate_lane_labels_some_member_can_satisfy),
+                T(test_validate_label_unknown_members_in_list_order),
+                T(test_validate_lane_labels_against_unordered_members),
+                T(test_lane_labels_first_offending_term_is_named),
                 T(test_quarantine_exit_codes_are_1_to_255),
                 T(test_validate_quarantine_is_taken_on_shared_pools_refused_on_anonymous_slots),
                 T(test_quarantine_keys_round_trip),
