@@ -15,6 +15,7 @@
 #include <cmocka.h>
 
 #include "pool-shared.h"
+#include "strv.h"
 
 #define S(x) ((usec_t) (x) * USEC_PER_SEC)
 #define MS(x) ((usec_t) (x) * USEC_PER_MSEC)
@@ -2524,6 +2525,74 @@ static void test_quarantines_from_replies_hostile_entries_dropped(void **state) 
         assert_null(info.life[1].job);
 }
 
+/* A pool of 2,000 members listed in an order that is not their names': a reply's quarantine list naming 500 of
+ * them, in yet another order, maps each to its member by name (a binary search, member_index()); a name that
+ * extends or cuts one is no member, dropped and counted. */
+static void test_quarantine_list_of_a_big_pool_found_by_name(void **state) {
+        enum { N = 2000, Q = 500 };
+        Fixture *f = *state;
+        char **members = calloc(N + 1, sizeof(char *));
+        assert_non_null(members);
+        for (size_t i = 0; i < N; i++)
+                assert_true(asprintf(&members[i], "rig-%u", (unsigned) (i * 7919 % N)) > 0); /* each of 0..1999 once */
+        PoolConfig pc = { .name = (char *) "grid", .limit = N, .max_queue = -1, .members = members, .n_members = N,
+                          .quarantine_exit_codes = { UINT64_C(1) << 3 }, .quarantine_exit_codes_set = true,
+                          .quarantine_after = 2 };
+        PoolLaneRule rules[] = { { .lane = "ci", .priority = 0, .max_in_use = -1 } };
+        assert_int_equal(pool_configure(f->pool, &pc, rules, 1, S(1)), 0);
+        pool_shared_link_up(f->pool, "run1", S(1));
+        const SharedCall *c = take(f, SHARED_SCRIPT_TICK);
+
+        static char jobs[Q][16];
+        static const char *const strangers[] = { "rig-19990", "rig-", "rig-01", "Rig-1" };
+        RespValue *entries = calloc(Q + ELEMENTSOF(strangers), sizeof(RespValue)),
+                  *fields = calloc((Q + ELEMENTSOF(strangers)) * 6, sizeof(RespValue));
+        assert_non_null(entries);
+        assert_non_null(fields);
+        for (size_t k = 0; k < Q + ELEMENTSOF(strangers); k++) {
+                size_t i = N - 1 - 4 * k; /* from the end, every fourth */
+                RespValue *e = fields + 6 * k;
+                if (k < Q) {
+                        snprintf(jobs[k], sizeof jobs[k], "job-%zu", i);
+                        e[0] = str(members[i]);
+                        e[2] = str(jobs[k]);
+                } else {
+                        e[0] = str(strangers[k - Q]);
+                        e[2] = str("");
+                }
+                e[1] = num(S(1));
+                e[3] = num(3);
+                e[4] = str("node-b");
+                e[5] = str("");
+                entries[k] = (RespValue) { .type = RESP_ARRAY, .elements = e, .n = 6 };
+        }
+        RespValue life = { .type = RESP_ARRAY, .elements = entries, .n = Q + ELEMENTSOF(strangers) };
+        RespValue cache14 = arr(14, num(0), num(0), num(0), num(0), num(0), num(-1), num(100), str("e1"), num(0),
+                                str(""), num(2), str(""), EMPTY, life);
+        done(f, c, arr(6, str("ok"), num(S(1)), tick_body("ok", EMPTY, 0, 0, 0, ""), EMPTY, cache14, EMPTY), S(1),
+             S(1));
+        PoolInfo info;
+        f->pool->ops->info(f->pool, S(2), &info);
+        assert_int_equal(info.n_life, N);
+        size_t quarantined = 0;
+        for (size_t i = 0; i < N; i++) {
+                bool listed = (N - 1 - i) % 4 == 0 && (N - 1 - i) / 4 < Q;
+                assert_string_equal(info.life[i].member, members[i]);
+                assert_int_equal(info.life[i].quarantined, listed);
+                if (listed) {
+                        char job[16];
+                        snprintf(job, sizeof job, "job-%zu", i);
+                        assert_string_equal(info.life[i].job, job);
+                        quarantined++;
+                }
+        }
+        assert_int_equal(quarantined, Q);
+        assert_int_equal(info.bad_input, 1); /* the list, once a reply */
+        free(fields);
+        free(entries);
+        strv_free(members);
+}
+
 /* Pool grid, members a and b, its link up at S(1): its first tick, called. */
 static const SharedCall *members_pool_up(Fixture *f) {
         char *members[] = { (char *) "a", (char *) "b", NULL };
@@ -4587,6 +4656,7 @@ int main(void) {
                 T(test_canon_carries_lane_budgets),
                 T(test_canon_carries_labels_and_submit_its_selector),
                 T(test_quarantines_from_replies_hostile_entries_dropped),
+                T(test_quarantine_list_of_a_big_pool_found_by_name),
                 T(test_quarantine_texts_from_replies_are_one_line),
                 T(test_member_counts_survive_a_reload_without_the_member),
                 T(test_member_counts_follow_their_names_across_reorders),
