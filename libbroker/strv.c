@@ -88,15 +88,31 @@ void strv_order_sort(size_t *order, size_t n, const void *first, size_t stride) 
                 qsort_r(order, n, sizeof(size_t), strided_compare, &(Strided) { first, stride });
 }
 
-size_t strv_order_lower_bound(const size_t *order, size_t n, const void *first, size_t stride, const char *name) {
+int strv_compare_n(const char *s, const char *name, size_t len) {
+        for (size_t i = 0; i < len; i++) {
+                unsigned char a = (unsigned char) s[i], b = (unsigned char) name[i];
+                if (a == '\0')
+                        return -1; /* s is shorter (or name has a NUL byte here, which s cannot) */
+                if (a != b)
+                        return a < b ? -1 : 1;
+        }
+        return s[len] != '\0';
+}
+
+size_t strv_order_lower_bound_n(const size_t *order, size_t n, const void *first, size_t stride, const char *name,
+                                size_t len) {
         const Strided s = { first, stride };
         size_t lo = 0, hi = n;
         while (lo < hi) {
                 size_t mid = lo + (hi - lo) / 2;
-                if (strcmp(strided_name(&s, order[mid]), name) < 0)
+                if (strv_compare_n(strided_name(&s, order[mid]), name, len) < 0)
                         lo = mid + 1;
                 else
                         hi = mid;
         }
         return lo;
+}
+
+size_t strv_order_lower_bound(const size_t *order, size_t n, const void *first, size_t stride, const char *name) {
+        return strv_order_lower_bound_n(order, n, first, stride, name, strlen(name));
 }

@@ -25,3 +25,10 @@ int strv_join_sorted(char *const *l, const char *sep, char **ret);
 void strv_order_sort(size_t *order, size_t n, const void *first, size_t stride);
 /* The first position of order[0..n) (strv_order_sort()ed) whose name is ≥ name: n when none is. */
 size_t strv_order_lower_bound(const size_t *order, size_t n, const void *first, size_t stride, const char *name);
+/* The same for a name of len bytes, not NUL-terminated necessarily (a Redis reply's): NUL bytes in it match no
+ * name of the index. */
+size_t strv_order_lower_bound_n(const size_t *order, size_t n, const void *first, size_t stride, const char *name,
+                                size_t len);
+/* strcmp()'s order between s and the len bytes at name: < 0, 0 (equal), > 0; a NUL byte in name sorts after the end
+ * of s. */
+int strv_compare_n(const char *s, const char *name, size_t len);

@@ -2045,12 +2045,13 @@ static int stream_id_cmp(const char *a, const char *b) {
         return aseq < bseq ? -1 : aseq > bseq;
 }
 
-/* The place of the configured member a reply names, or -1 (none, or not a string). */
+/* The place of the configured member a reply names, or -1 (none, or not a string). The pool's member sets are
+ * kept with its members (pool_members_replace()): a binary search, where a scan per entry made a reply listing
+ * thousands of members of a pool of thousands O(entries × members). */
 static ssize_t member_index(const SharedPool *p, const RespValue *v) {
-        for (size_t i = 0; v && v->type == RESP_STRING && p->base.members && p->base.members[i]; i++)
-                if (resp_is(v, p->base.members[i]))
-                        return (ssize_t) i;
-        return -1;
+        if (!v || v->type != RESP_STRING)
+                return -1;
+        return member_sets_find(p->base.member_sets, v->str, v->len);
 }
 
 static void rests_clear(SharedPool *p) {

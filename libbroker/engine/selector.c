@@ -120,6 +120,15 @@ int member_sets_new(char *const *members, const PoolLabel *labels, size_t n_labe
         return 0;
 }
 
+ssize_t member_sets_find(const MemberSets *m, const char *name, size_t len) {
+        if (!m || m->n_members == 0 || !name)
+                return -1;
+        size_t k = strv_order_lower_bound_n(m->member_order, m->n_members, m->members, sizeof(char *), name, len);
+        if (k == m->n_members || strv_compare_n(m->members[m->member_order[k]], name, len) != 0)
+                return -1;
+        return (ssize_t) m->member_order[k]; /* the first of that name: the order is by name, then index */
+}
+
 size_t member_sets_size(const MemberSets *m) {
         return m ? m->n_members : 0;
 }

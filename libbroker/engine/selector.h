@@ -6,6 +6,7 @@
 #include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
+#include <sys/types.h>
 
 #include "conf.h"
 #include "macro.h"
@@ -55,5 +56,8 @@ MemberSets *member_sets_free(MemberSets *m);
 DEFINE_TRIVIAL_CLEANUP_FUNC(MemberSets *, member_sets_free);
 /* How many members `m` was made of (NULL: none). */
 size_t member_sets_size(const MemberSets *m);
+/* The index of the first member named by the len bytes at `name` (not NUL-terminated necessarily: a Redis reply's),
+ * or -1: none (or `m` NULL). A binary search, where a scan of the members compares every name. */
+ssize_t member_sets_find(const MemberSets *m, const char *name, size_t len);
 /* selector_resolve() against the members and labels `m` was made of (NULL: no members). */
 int member_sets_resolve(const MemberSets *m, const Selector *s, uint64_t **ret);

@@ -175,6 +175,59 @@ static void test_member_sets_resolve_as_the_reference(void **state) {
         }
 }
 
+/* The first member of a name, found as a scan finds it: the reference. */
+static ssize_t find_by_scan(char *const *members, size_t n, const char *name, size_t len) {
+        for (size_t i = 0; i < n; i++)
+                if (strlen(members[i]) == len && memcmp(members[i], name, len) == 0)
+                        return (ssize_t) i;
+        return -1;
+}
+
+/* member_sets_find() (a Redis reply's names, pool-shared.c) finds what a scan of the members finds: the first of
+ * two members of one name, nothing for a prefix, an extension, a name with a NUL byte or bytes above 0x7f, and
+ * names given as bytes not NUL-terminated. */
+static void test_member_sets_find_as_a_scan(void **state) {
+        static const size_t sizes[] = { 0, 1, 2, 3, 64, 65, 200 };
+        for (size_t round = 0; round < 100; round++) {
+                size_t n = round < ELEMENTSOF(sizes) ? sizes[round] : rnd() % 301;
+                char **members = calloc(n + 1, sizeof(char *));
+                assert_non_null(members);
+                for (size_t i = 0; i < n; i++)
+                        assert_true(asprintf(&members[i], "m%u",
+                                             (unsigned) (((round % 5 == 4 ? i / 2 : i) * 37 + round) % 1000)) > 0);
+                MemberSets *m = NULL;
+                assert_int_equal(member_sets_new(members, NULL, 0, &m), 0);
+                for (size_t k = 0; k < 200; k++) {
+                        /* Each name followed by bytes that are not part of it, as in a reply's buffer. */
+                        char buf[32];
+                        size_t len;
+                        switch (rnd() % 6) {
+                        case 0: len = (size_t) snprintf(buf, sizeof buf, "m%u", (unsigned) (rnd() % 1000)); break;
+                        case 1: len = (size_t) snprintf(buf, sizeof buf, "m%u5", (unsigned) (rnd() % 100)); break;
+                        case 2: len = (size_t) snprintf(buf, sizeof buf, "m%u", (unsigned) (rnd() % 1000)) - 1; break;
+                        case 3:
+                                len = (size_t) snprintf(buf, sizeof buf, "m%u", (unsigned) (rnd() % 1000));
+                                buf[rnd() % len] = rnd() % 2 ? '\0' : '\xe9';
+                                break;
+                        case 4: len = 0; buf[0] = 'm'; break;
+                        default:
+                                if (n == 0) {
+                                        len = 1;
+                                        buf[0] = 'm';
+                                        break;
+                                }
+                                len = (size_t) snprintf(buf, sizeof buf, "%s", members[rnd() % n]);
+                                break;
+                        }
+                        memcpy(buf + len, "9x", 3);
+                        assert_int_equal(member_sets_find(m, buf, len), find_by_scan(members, n, buf, len));
+                }
+                member_sets_free(m);
+                strv_free(members);
+        }
+        assert_int_equal(member_sets_find(NULL, "m1", 2), -1);
+}
+
 /* A pool without members: every selector admits none, in one word. */
 static void test_member_sets_of_no_members(void **state) {
         uint64_t *set = NULL;
@@ -191,6 +244,7 @@ int main(void) {
                 cmocka_unit_test(test_resolve),
                 cmocka_unit_test(test_member_sets_resolve_as_the_reference),
                 cmocka_unit_test(test_member_sets_of_no_members),
+                cmocka_unit_test(test_member_sets_find_as_a_scan),
         };
         return cmocka_run_group_tests(tests, NULL, NULL);
 }
