@@ -215,10 +215,57 @@ const char *scenario_pool_name(const Scenario *s, const char *name) {
 }
 
 size_t scenario_reload_at(const Scenario *s, uint64_t ms) {
-        size_t k = 0;
-        while (k < s->n_reloads && s->reloads[k] <= ms)
-                k++;
-        return k;
+        /* A binary search (reloads are in time order): each configuration asks it of every request, drain and
+         * reservation, and a scan made a scenario of R reloads O(R²) in them. */
+        size_t lo = 0, hi = s->n_reloads;
+        while (lo < hi) {
+                size_t mid = lo + (hi - lo) / 2;
+                if (s->reloads[mid] <= ms)
+                        lo = mid + 1;
+                else
+                        hi = mid;
+        }
+        return lo;
+}
+
+static int compare_index(const void *a, const void *b) {
+        size_t x = *(const size_t *) a, y = *(const size_t *) b;
+        return x < y ? -1 : x > y;
+}
+
+/* The first position in base[0..n) (elements of `size` bytes, in time order by the uint64_t at `at_offset`;
+ * through order[] if not NULL) whose time is at least ms: n when none is. */
+static size_t first_at_least(const void *base, size_t n, size_t size, size_t at_offset, const size_t *order,
+                             uint64_t ms) {
+        size_t lo = 0, hi = n;
+        while (lo < hi) {
+                size_t mid = lo + (hi - lo) / 2;
+                uint64_t at;
+                memcpy(&at, (const char *) base + (order ? order[mid] : mid) * size + at_offset, sizeof at);
+                if (at < ms)
+                        lo = mid + 1;
+                else
+                        hi = mid;
+        }
+        return lo;
+}
+
+/* Where in base[0..n) (as first_at_least()) the things the reload-th configuration meets are: those at
+ * [reloads[reload − 1], reloads[reload]) (scenario_reload_at(): a reload comes before its instant's arrivals
+ * and reservations), or with `before` at (reloads[reload − 1], reloads[reload]] (reload_before(): after its
+ * drains and quarantines). Only once scenario_finish() has put them in time order: else all of them, each
+ * still checked by the caller. */
+static void reload_window(const Scenario *s, size_t reload, bool before, const void *base, size_t n, size_t size,
+                          size_t at_offset, const size_t *order, size_t *ret_from, size_t *ret_to) {
+        size_t from = 0, to = n;
+        if (s->finished) {
+                if (reload > 0 && (!before || s->reloads[reload - 1] < UINT64_MAX))
+                        from = first_at_least(base, n, size, at_offset, order, s->reloads[reload - 1] + before);
+                if (reload < s->n_reloads && (!before || s->reloads[reload] < UINT64_MAX))
+                        to = first_at_least(base, n, size, at_offset, order, s->reloads[reload] + before);
+        }
+        *ret_from = from;
+        *ret_to = MAX(from, to);
 }
 
 /* Whether section ("pool NAME", "lane NAME") is in the reload-th configuration: as the last of its presences up
@@ -662,7 +709,10 @@ static int find_pool_then(const BrokerConfig *c, const char *pool, const char *o
 /* The drains or quarantines that meet the reload-th configuration: their pools there, their members its. */
 static int check_drains(const Scenario *s, const BrokerConfig *c, size_t reload, const ScenarioDrain *drains,
                         size_t n, char **error) {
-        for (size_t i = 0; i < n; i++) {
+        size_t from, to;
+        reload_window(s, reload, true, drains, n, sizeof(ScenarioDrain), offsetof(ScenarioDrain, at_ms), NULL, &from,
+                      &to);
+        for (size_t i = from; i < to; i++) {
                 const ScenarioDrain *d = &drains[i];
                 const PoolConfig *p = NULL;
                 if (reload_before(s, d->at_ms) != reload)
@@ -684,6 +734,7 @@ int scenario_build_config(const Scenario *s, const char *key, const char *value,
 int scenario_build_config_reload(const Scenario *s, const char *key, const char *value, size_t reload, char **error,
                                  BrokerConfig **ret) {
         _cleanup_(conf_freep) BrokerConfig *c = NULL;
+        _cleanup_free_ size_t *requests = NULL;
         ConfErrors errors = {};
         int r;
 
@@ -788,7 +839,21 @@ int scenario_build_config_reload(const Scenario *s, const char *key, const char 
                 if (r < 0)
                         goto finish;
         }
-        for (size_t i = 0; i < s->n_requests; i++) {
+        /* The requests of this configuration, in file order: the first that does not fit is named. */
+        size_t from_request, to_request;
+        reload_window(s, reload, false, s->requests, s->n_requests, sizeof(ScenarioRequest),
+                      offsetof(ScenarioRequest, at_ms), s->request_order, &from_request, &to_request);
+        if (s->request_order && to_request > from_request) {
+                requests = reallocarray(NULL, to_request - from_request, sizeof(size_t));
+                if (!requests) {
+                        r = -ENOMEM;
+                        goto finish;
+                }
+                memcpy(requests, s->request_order + from_request, (to_request - from_request) * sizeof(size_t));
+                qsort(requests, to_request - from_request, sizeof(size_t), compare_index);
+        }
+        for (size_t j = from_request; j < to_request; j++) {
+                size_t i = requests ? requests[j - from_request] : j;
                 if (scenario_reload_at(s, s->requests[i].at_ms) != reload)
                         continue;
                 r = check_fits(c, &s->requests[i].traffic, key, value, error);
@@ -811,7 +876,10 @@ int scenario_build_config_reload(const Scenario *s, const char *key, const char 
         if (r < 0)
                 goto finish;
         /* As brokerd refuses a Reserve (SPEC §3.6): a member or labels no member of the pool has. */
-        for (size_t i = 0; i < s->n_reservations; i++) {
+        size_t from_reservation, to_reservation;
+        reload_window(s, reload, false, s->reservations, s->n_reservations, sizeof(ScenarioReservation),
+                      offsetof(ScenarioReservation, at_ms), NULL, &from_reservation, &to_reservation);
+        for (size_t i = from_reservation; i < to_reservation; i++) {
                 const ScenarioReservation *v = &s->reservations[i];
                 const PoolConfig *p = NULL;
                 _cleanup_free_ uint64_t *set = NULL;
