@@ -446,6 +446,129 @@ BrokerConfig *conf_free(BrokerConfig *c) {
         return mfree(c);
 }
 
+/* The copy helpers below take a field of a shallow copy, which still points at the original's, and make it the
+ * copy's own: a duplicate while `ok`, else NULL (the copy is freed then, and must free none of the original's).
+ * They return whether the copy has all it had so far. */
+static bool copy_str(char **field, bool ok) {
+        const char *s = *field;
+        *field = ok && s ? strdup(s) : NULL;
+        return ok && (!s || *field);
+}
+
+static bool copy_strv(char ***field, bool ok) {
+        char *const *l = *field;
+        *field = ok && l ? strv_copy(l) : NULL;
+        return ok && (!l || *field);
+}
+
+static bool copy_source(ConfSource *s, bool ok) {
+        return copy_str(&s->file, ok);
+}
+
+static PoolConfig *pool_config_copy(const PoolConfig *p) {
+        PoolConfig *n = new0(PoolConfig);
+        if (!n)
+                return NULL;
+        *n = *p;
+        bool ok = copy_str(&n->name, true);
+        ok = copy_source(&n->source, ok);
+        ok = copy_strv(&n->members, ok);
+        ok = copy_source(&n->congestion_timeout_source, ok);
+        ok = copy_source(&n->cooldown_source, ok);
+        ok = copy_str(&n->backend, ok);
+        ok = copy_str(&n->backend_user, ok);
+        ok = copy_str(&n->backend_password_file, ok);
+        ok = copy_str(&n->backend_sentinel_password_file, ok);
+        ok = copy_source(&n->limit_source, ok);
+        ok = copy_source(&n->members_source, ok);
+        ok = copy_source(&n->quarantine_exit_codes_source, ok);
+        ok = copy_source(&n->quarantine_after_source, ok);
+        ok = copy_strv(&n->admin_users, ok);
+        ok = copy_strv(&n->admin_groups, ok);
+        n->labels = NULL;
+        n->n_labels = 0;
+        if (ok && p->n_labels > 0) {
+                n->labels = calloc(p->n_labels, sizeof(PoolLabel));
+                ok = n->labels;
+                for (size_t i = 0; ok && i < p->n_labels; i++) {
+                        n->labels[i] = p->labels[i];
+                        ok = copy_str(&n->labels[i].name, ok);
+                        ok = copy_strv(&n->labels[i].members, ok);
+                        ok = copy_source(&n->labels[i].source, ok);
+                        n->n_labels = i + 1;
+                }
+        }
+        return ok ? n : pool_config_free(n);
+}
+
+static LaneConfig *lane_config_copy(const LaneConfig *l) {
+        LaneConfig *n = new0(LaneConfig);
+        if (!n)
+                return NULL;
+        *n = *l;
+        bool ok = copy_str(&n->name, true);
+        ok = copy_source(&n->source, ok);
+        ok = copy_strv(&n->pools, ok);
+        ok = copy_source(&n->pools_source, ok);
+        ok = copy_strv(&n->labels, ok);
+        ok = copy_source(&n->labels_source, ok);
+        ok = copy_strv(&n->allow_users, ok);
+        ok = copy_strv(&n->allow_groups, ok);
+        ok = copy_source(&n->max_in_use_source, ok);
+        ok = copy_source(&n->reserve_source, ok);
+        ok = copy_source(&n->also_source, ok);
+        ok = copy_source(&n->health_source, ok);
+        n->also = NULL;
+        n->n_also = 0;
+        if (ok && l->n_also > 0) {
+                n->also = calloc(l->n_also, sizeof(LaneAlso));
+                ok = n->also;
+                for (size_t i = 0; ok && i < l->n_also; i++) {
+                        n->also[i] = l->also[i];
+                        ok = copy_str(&n->also[i].pool, ok);
+                        n->n_also = i + 1;
+                }
+        }
+        return ok ? n : lane_config_free(n);
+}
+
+int conf_copy(const BrokerConfig *c, BrokerConfig **ret) {
+        assert_return(c && ret, -EINVAL);
+
+        _cleanup_(conf_freep) BrokerConfig *n = new0(BrokerConfig);
+        if (!n)
+                return -ENOMEM;
+        *n = *c;
+        bool ok = copy_str(&n->socket_path, true);
+        ok = copy_str(&n->state_directory, ok);
+        ok = copy_str(&n->metrics_textfile, ok);
+        ok = copy_str(&n->node_name, ok);
+        n->pools = NULL;
+        n->n_pools = 0;
+        n->lanes = NULL;
+        n->n_lanes = 0;
+        if (!ok)
+                return -ENOMEM;
+        if (c->n_pools > 0) {
+                n->pools = calloc(c->n_pools, sizeof(PoolConfig *));
+                if (!n->pools)
+                        return -ENOMEM;
+                for (; n->n_pools < c->n_pools; n->n_pools++)
+                        if (!(n->pools[n->n_pools] = pool_config_copy(c->pools[n->n_pools])))
+                                return -ENOMEM;
+        }
+        if (c->n_lanes > 0) {
+                n->lanes = calloc(c->n_lanes, sizeof(LaneConfig *));
+                if (!n->lanes)
+                        return -ENOMEM;
+                for (; n->n_lanes < c->n_lanes; n->n_lanes++)
+                        if (!(n->lanes[n->n_lanes] = lane_config_copy(c->lanes[n->n_lanes])))
+                                return -ENOMEM;
+        }
+        *ret = TAKE_PTR(n);
+        return 0;
+}
+
 PoolConfig *conf_find_pool(const BrokerConfig *c, const char *name) {
         if (!c || !name)
                 return NULL;

@@ -206,6 +206,8 @@ typedef struct ConfErrors {
 int conf_new(BrokerConfig **ret);
 BrokerConfig *conf_free(BrokerConfig *c);
 DEFINE_TRIVIAL_CLEANUP_FUNC(BrokerConfig *, conf_free);
+/* A deep copy of c, sources and all: what conf_set() would go on from as on c. Returns 0, -ENOMEM. */
+int conf_copy(const BrokerConfig *c, BrokerConfig **ret);
 
 /* The embedded default: pool "default" (limit n_cpus, queue-timeout 5m), lane "merge" (fail-fast),
  * lane "nightly" (wait, queue-timeout infinity). */

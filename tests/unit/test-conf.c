@@ -1443,7 +1443,7 @@ static void test_validate_lane_also_refuses_a_set_over_two_backends(void **state
 
 /* ---- conf_dump ---- */
 
-static void test_dump_of_every_key_reads_back_the_same(void **state) {
+static void set_every_key(void) {
         set_ok("broker", "socket", "/run/slot/io.slotbroker");
         set_ok("broker", "state-directory", "/var/lib/slot");
         set_ok("broker", "audit", "all");
@@ -1483,8 +1483,54 @@ static void test_dump_of_every_key_reads_back_the_same(void **state) {
         set_ok("lane nightly", "queue-timeout", "2h");
         set_ok("pool db", "limit", "2");
         set_ok("lane nightly", "also", "db:2");
+}
+
+static void test_dump_of_every_key_reads_back_the_same(void **state) {
+        set_every_key();
         assert_int_equal(conf_validate(c, &errors), 0);
         assert_round_trips(c);
+}
+
+/* conf_copy() (the simulator builds a reload's configuration on a copy of the one before): every key, and the
+ * sources conf_validate() names, are the copy's own: it outlives the original, and validates as it would. */
+static void test_copy_is_the_same_configuration(void **state) {
+        set_every_key();
+        set_ok("pool rigs", "quarantine-exit-codes", "3 4");
+        set_ok("pool rigs", "quarantine-after", "2");
+        set_ok("pool rigs", "cooldown", "5s");
+        set_ok("pool rigs", "admin-users", "ops");
+        set_ok("pool rigs", "admin-groups", "wheel");
+        set_ok("pool grid", "backend-user", "ci");
+        set_ok("pool grid", "backend-password-file", "/etc/slot/pw");
+        set_ok("lane health", "pools", "rigs");
+        set_ok("lane health", "health", "yes");
+        set_at(500, "pool rigs", "limit", "5");                  /* an error naming its line */
+        set_at(501, "lane merge", "reserve", "9");
+        BrokerConfig *copy = NULL;
+        assert_int_equal(conf_copy(c, &copy), 0);
+        char *want = dump(c);
+        ConfErrors want_errors = {}, got_errors = {};
+        assert_int_equal(conf_validate(c, &want_errors), -EINVAL);
+        c = conf_free(c);
+        char *got = dump(copy);
+        assert_string_equal(got, want);
+        assert_int_equal(conf_validate(copy, &got_errors), -EINVAL);
+        assert_int_equal(got_errors.n_errors, want_errors.n_errors);
+        assert_true(want_errors.n_errors >= 2);
+        for (size_t i = 0; i < want_errors.n_errors; i++) {
+                assert_string_equal(got_errors.errors[i].where ?: "-", want_errors.errors[i].where ?: "-");
+                assert_string_equal(got_errors.errors[i].key ?: "-", want_errors.errors[i].key ?: "-");
+                assert_string_equal(got_errors.errors[i].message, want_errors.errors[i].message);
+        }
+        /* And goes on as the original would have. */
+        ConfSource src = { .file = (char *) "later.conf", .line = 1 };
+        assert_int_equal(conf_set(copy, "pool rigs", "label.arm64", "rig-c", &src, &got_errors), 0);
+        assert_int_equal(conf_find_pool(copy, "rigs")->n_labels, 2);
+        conf_errors_done(&want_errors);
+        conf_errors_done(&got_errors);
+        free(want);
+        free(got);
+        c = copy;
 }
 
 static void test_dump_of_a_fresh_config_reads_back_the_same(void **state) {
@@ -1624,6 +1670,7 @@ int main(void) {
                 T(test_validate_lane_also_names_the_lane),
                 T(test_validate_lane_also_refuses_a_set_over_two_backends),
                 T(test_dump_of_every_key_reads_back_the_same),
+                T(test_copy_is_the_same_configuration),
                 T(test_dump_of_a_fresh_config_reads_back_the_same),
                 T(test_dump_shows_durations_and_sizes_readably),
                 T(test_lane_policy_strings_round_trip),
