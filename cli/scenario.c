@@ -597,6 +597,13 @@ int scenario_finish(Scenario *s, char **error) {
         if (r < 0)
                 return r;
 
+        /* Settings and presences as the file's reloads add them, in reload order: reload_builds_on_previous(). */
+        s->reloads_in_order = true;
+        for (size_t i = 1; i < s->n_settings; i++)
+                s->reloads_in_order = s->reloads_in_order && s->settings[i - 1].reload <= s->settings[i].reload;
+        for (size_t i = 1; i < s->n_presences; i++)
+                s->reloads_in_order = s->reloads_in_order && s->presences[i - 1].reload <= s->presences[i].reload;
+
         s->finished = true;
         return 0;
 }
@@ -728,19 +735,64 @@ static int check_drains(const Scenario *s, const BrokerConfig *c, size_t reload,
 }
 
 int scenario_build_config(const Scenario *s, const char *key, const char *value, char **error, BrokerConfig **ret) {
-        return scenario_build_config_reload(s, key, value, 0, error, ret);
+        return scenario_build_config_reload(s, key, value, 0, NULL, error, ret);
 }
 
-int scenario_build_config_reload(const Scenario *s, const char *key, const char *value, size_t reload, char **error,
-                                 BrokerConfig **ret) {
+/* Where in s->settings the settings of the reload-th reload are, when the reload-th configuration is the one
+ * before it with them (and the sweep) applied on top: the reload adds and removes no pool or lane, and the
+ * settings are in reload order (those of the first configuration that options add come last otherwise). Then
+ * building it costs its own settings, not every setting of every reload before it (which made a scenario of R
+ * reloads O(R²) in them). A sweep's key (limit, max-queue, queue-timeout) is set last either way, and each
+ * takes its value alone: applying it before the reload's settings too changes nothing. */
+static bool reload_builds_on_previous(const Scenario *s, size_t reload, size_t *ret_from, size_t *ret_to) {
+        if (!s->finished || !s->reloads_in_order || reload == 0)
+                return false;
+        size_t lo = 0, hi = s->n_presences;
+        while (lo < hi) {
+                size_t mid = lo + (hi - lo) / 2;
+                if (s->presences[mid].reload < reload)
+                        lo = mid + 1;
+                else
+                        hi = mid;
+        }
+        if (lo < s->n_presences && s->presences[lo].reload == reload)
+                return false;
+        size_t from = 0, to;
+        for (hi = s->n_settings; from < hi;) {
+                size_t mid = from + (hi - from) / 2;
+                if (s->settings[mid].reload < reload)
+                        from = mid + 1;
+                else
+                        hi = mid;
+        }
+        for (to = from, hi = s->n_settings; to < hi;) {
+                size_t mid = to + (hi - to) / 2;
+                if (s->settings[mid].reload <= reload)
+                        to = mid + 1;
+                else
+                        hi = mid;
+        }
+        *ret_from = from;
+        *ret_to = to;
+        return true;
+}
+
+static int build_config(const Scenario *s, const char *key, const char *value, size_t reload,
+                        const BrokerConfig *previous, char **error, BrokerConfig **ret) {
         _cleanup_(conf_freep) BrokerConfig *c = NULL;
         _cleanup_free_ size_t *requests = NULL;
         ConfErrors errors = {};
+        size_t first_setting = 0, end_setting = s->n_settings;
         int r;
 
-        assert_return(s && error && ret, -EINVAL);
-        assert_return(!key == !value, -EINVAL);
-
+        if (previous && reload_builds_on_previous(s, reload, &first_setting, &end_setting)) {
+                r = conf_copy(previous, &c);
+                if (r < 0)
+                        return r;
+                goto settings;
+        }
+        first_setting = 0;
+        end_setting = s->n_settings;
         r = conf_new(&c);
         if (r < 0)
                 return r;
@@ -766,7 +818,8 @@ int scenario_build_config_reload(const Scenario *s, const char *key, const char 
                         goto finish;
         }
 
-        for (size_t i = 0; i < s->n_settings; i++) {
+settings:
+        for (size_t i = first_setting; i < end_setting; i++) {
                 const ScenarioSetting *set = &s->settings[i];
                 ConfSource source = { .file = set->where };
 
@@ -860,12 +913,18 @@ int scenario_build_config_reload(const Scenario *s, const char *key, const char 
                 if (r < 0)
                         goto finish;
         }
-        /* Every reload's configuration is valid too, so that a run does not fail halfway. */
-        for (size_t k = 1; reload == 0 && k <= s->n_reloads; k++) {
+        /* Every reload's configuration is valid too, so that a run does not fail halfway: each built on the one
+         * before where that is the same. */
+        if (reload == 0 && s->n_reloads > 0) {
                 _cleanup_(conf_freep) BrokerConfig *later = NULL;
-                r = scenario_build_config_reload(s, key, value, k, error, &later);
-                if (r < 0)
-                        goto finish;
+                for (size_t k = 1; k <= s->n_reloads; k++) {
+                        BrokerConfig *next = NULL;
+                        r = build_config(s, key, value, k, later ?: c, error, &next);
+                        if (r < 0)
+                                goto finish;
+                        conf_free(later);
+                        later = next;
+                }
         }
         /* As slotctl drain, quarantine and restore are refused: a member the pool does not have (a quarantine
          * always names one). */
@@ -914,6 +973,15 @@ int scenario_build_config_reload(const Scenario *s, const char *key, const char 
 finish:
         conf_errors_done(&errors);
         return r;
+}
+
+int scenario_build_config_reload(const Scenario *s, const char *key, const char *value, size_t reload,
+                                 const BrokerConfig *previous, char **error, BrokerConfig **ret) {
+        assert_return(s && error && ret, -EINVAL);
+        assert_return(!key == !value, -EINVAL);
+        assert_return(!previous || reload > 0, -EINVAL);
+
+        return build_config(s, key, value, reload, previous, error, ret);
 }
 
 /* ---- scenario files ---- */

@@ -135,6 +135,7 @@ typedef struct Scenario {
         uint64_t n_generated;        /* arrivals over all phases */
         uint64_t deadline_ms;        /* SIM_FOREVER: none */
         bool finished;
+        bool reloads_in_order;       /* settings and presences in reload order (scenario_finish()) */
 } Scenario;
 
 /* Request ids: generated arrivals are 0 … n_generated−1 in arrival order (named "1", "2", …), explicit
@@ -166,9 +167,11 @@ int scenario_finish(Scenario *s, char **error);
 int scenario_build_config(const Scenario *s, const char *key, const char *value, char **error, BrokerConfig **ret);
 /* The same as the scenario's reload-th reload makes it (0: the first), its settings over those before it, with
  * the pools and lanes it has then; each checks the requests, drains, quarantines and reservations that come
- * while it is in force, and the first checks every reload's too. */
-int scenario_build_config_reload(const Scenario *s, const char *key, const char *value, size_t reload, char **error,
-                                 BrokerConfig **ret);
+ * while it is in force, and the first checks every reload's too. `previous` (or NULL): the (reload − 1)-th as
+ * this built it with the same key and value, which the reload-th is built on where that makes the same
+ * configuration, in the time of its own settings rather than of all before it. */
+int scenario_build_config_reload(const Scenario *s, const char *key, const char *value, size_t reload,
+                                 const BrokerConfig *previous, char **error, BrokerConfig **ret);
 
 /* The request id of reservation k (an index into s->reservations), past every request's: the engine's
  * userdata of its request, which scenario_traffic() knows nothing of. */

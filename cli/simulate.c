@@ -375,8 +375,12 @@ static int sim_reload(Sim *sim, uint64_t t) {
                 _cleanup_free_ char *error = NULL;
                 BrokerConfig *c = NULL;
                 /* Checked when the run's first configuration was built: only memory can fail here. */
+                /* On the one before, but for the first reload: the run's first configuration is sim_run()'s
+                 * caller's, which this cannot tell was built as the scenario builds it. */
                 r = scenario_build_config_reload(s, sim->options->config_key, sim->options->config_value,
-                                                 sim->next_reload + 1, &error, &c);
+                                                 sim->next_reload + 1,
+                                                 sim->next_reload > 0 ? sim->configs[sim->next_reload - 1] : NULL,
+                                                 &error, &c);
                 if (r < 0)
                         return r;
                 sim->configs[sim->next_reload] = c;

@@ -563,6 +563,108 @@ static void test_config_errors_name_the_scenario_key(void **state) {
         }
 }
 
+static char *dump_config(const BrokerConfig *c) {
+        char *text = NULL;
+        size_t size = 0;
+        FILE *f = open_memstream(&text, &size);
+        assert_non_null(f);
+        conf_dump(c, f);
+        assert_int_equal(fclose(f), 0);
+        return text;
+}
+
+/* A reload's configuration built on the one before (scenario_build_config_reload() with `previous`: only the
+ * reload's settings, then the sweep) is the one built anew from every setting up to it; where the reload adds or
+ * removes a pool or lane it is built anew, in the configuration's order of sections. Through reloads that change
+ * keys, members and labels, remove and add back pools and lanes, two at one instant, with and without a sweep. */
+static void test_reloads_built_on_the_one_before_are_built_anew(void **state) {
+        static const char json[] =
+                "{\"pools\": {\"a\": {\"limit\": 3, \"members\": [\"m0\", \"m1\", \"m2\"], \"label.x\": [\"m0\"]},"
+                "            \"b\": {\"limit\": 2}},"
+                " \"lanes\": {\"one\": {\"pools\": [\"a\"]}, \"two\": {\"pools\": [\"b\", \"a\"]}},"
+                " \"requests\": [{\"name\": \"r\", \"at\": \"0\", \"hold\": \"1s\", \"lane\": \"one\"}],"
+                " \"reloads\": ["
+                "  {\"at\": \"1s\", \"pools\": {\"a\": {\"members\": [\"m2\", \"m3\"], \"limit\": 2, \"label.y\": [\"m3\"],"
+                "                                   \"label.x\": [\"m2\"]}}},"
+                "  {\"at\": \"2s\", \"pools\": {\"b\": null}, \"lanes\": {\"two\": null}},"
+                "  {\"at\": \"3s\", \"pools\": {\"a\": {\"queue-timeout\": \"2s\", \"label.x\": [\"m3\"]}}},"
+                "  {\"at\": \"3s\", \"pools\": {\"b\": {\"max-queue\": 4}}, \"lanes\": {\"two\": {}}},"
+                "  {\"at\": \"4s\", \"pools\": {\"c\": {\"limit\": 3}}, \"lanes\": {\"one\": {\"priority\": 2}}},"
+                "  {\"at\": \"5s\", \"pools\": {\"b\": {\"limit\": 5}}},"
+                "  {\"at\": \"5s\", \"lanes\": {\"two\": {\"pools\": [\"c\"]}}}]}";
+        _cleanup_(scenario_freep) Scenario *s = load(json);
+        assert_int_equal(s->n_reloads, 7);
+        static const char *const sweeps[][2] = { { NULL, NULL }, { "max-queue", "9" }, { "queue-timeout", "7s" } };
+        for (size_t w = 0; w < ELEMENTSOF(sweeps); w++) {
+                BrokerConfig *previous = NULL;
+                char *error = NULL;
+                assert_int_equal(scenario_build_config(s, sweeps[w][0], sweeps[w][1], &error, &previous), 0);
+                for (size_t k = 1; k <= s->n_reloads; k++) {
+                        BrokerConfig *anew = NULL, *on = NULL;
+                        assert_int_equal(scenario_build_config_reload(s, sweeps[w][0], sweeps[w][1], k, NULL, &error,
+                                                                      &anew),
+                                         0);
+                        assert_int_equal(scenario_build_config_reload(s, sweeps[w][0], sweeps[w][1], k, previous,
+                                                                      &error, &on),
+                                         0);
+                        char *want = dump_config(anew), *got = dump_config(on);
+                        if (!streq(want, got))
+                                fail_msg("reload %zu (sweep %s): built on the one before\n%s\nbuilt anew\n%s", k,
+                                         sweeps[w][0] ?: "none", got, want);
+                        free(want);
+                        free(got);
+                        conf_free(anew);
+                        conf_free(previous);
+                        previous = on;
+                }
+                conf_free(previous);
+        }
+}
+
+/* The first reload whose configuration is invalid is named as when each was built anew: its setting, or every
+ * problem conf_validate() finds with where each came from (the sources copied with the configuration). */
+static void test_reload_errors_are_those_of_the_configuration_built_anew(void **state) {
+        static const struct {
+                const char *reloads;
+                const char *error;
+        } cases[] = {
+                { "[{\"at\": \"1s\", \"pools\": {\"a\": {\"limit\": 4}}},"
+                  " {\"at\": \"2s\", \"pools\": {\"a\": {\"max-queue\": \"x\"}}}]",
+                  "test.json: reloads[1].pools.a.max-queue: " },
+                { "[{\"at\": \"1s\", \"pools\": {\"a\": {\"limit\": 4}}},"
+                  " {\"at\": \"2s\", \"lanes\": {\"one\": {\"reserve\": 3}, \"two\": {\"reserve\": 3}}}]",
+                  "test.json: reloads[1]" },
+                { "[{\"at\": \"1s\", \"pools\": {\"a\": {\"queue-congestion-timeout\": \"5s\"}}}]",
+                  "test.json: reloads[0]" },
+        };
+        for (size_t i = 0; i < ELEMENTSOF(cases); i++) {
+                char json[1024];
+                snprintf(json, sizeof json,
+                         "{\"pools\": {\"a\": {\"limit\": 3, \"queue-timeout\": \"1s\"}},"
+                         " \"lanes\": {\"one\": {\"pools\": [\"a\"]}, \"two\": {\"pools\": [\"a\"]}},"
+                         " \"reloads\": %s}",
+                         cases[i].reloads);
+                _cleanup_(scenario_freep) Scenario *s = load(json);
+                BrokerConfig *c = NULL;
+                char *error = NULL, *anew = NULL;
+                assert_int_equal(scenario_build_config(s, NULL, NULL, &error, &c), -EINVAL);
+                assert_null(c);
+                assert_non_null(error);
+                /* The first failing reload, built anew from every setting. */
+                int r = 0;
+                for (size_t k = 1; r == 0 && k <= s->n_reloads; k++) {
+                        r = scenario_build_config_reload(s, NULL, NULL, k, NULL, &anew, &c);
+                        c = conf_free(c);
+                }
+                assert_int_equal(r, -EINVAL);
+                assert_string_equal(error, anew);
+                if (strncmp(error, cases[i].error, strlen(cases[i].error)) != 0)
+                        fail_msg("case %zu: got \"%s\", expected it to start with \"%s\"", i, error, cases[i].error);
+                free(error);
+                free(anew);
+        }
+}
+
 static void test_bad_phase_lists(void **state) {
         static const struct {
                 const char *spec;
@@ -608,6 +710,8 @@ int main(void) {
                 cmocka_unit_test(test_many_explicit_requests_and_their_duplicate),
                 cmocka_unit_test(test_many_actions_in_any_order),
                 cmocka_unit_test(test_config_errors_name_the_scenario_key),
+                cmocka_unit_test(test_reloads_built_on_the_one_before_are_built_anew),
+                cmocka_unit_test(test_reload_errors_are_those_of_the_configuration_built_anew),
                 cmocka_unit_test(test_bad_phase_lists),
         };
         return cmocka_run_group_tests(tests, NULL, NULL);
