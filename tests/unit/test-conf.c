@@ -428,6 +428,18 @@ static void test_pool_members_must_be_valid_distinct_names(void **state) {
         assert_null(conf_find_pool(c, "rigs"));
 }
 
+/* n distinct names PREFIX0 … PREFIX{n-1}, not in order, separated by spaces. */
+static char *distinct_names(const char *prefix, size_t n) {
+        char *text = NULL;
+        size_t size = 0;
+        FILE *f = open_memstream(&text, &size);
+        assert_non_null(f);
+        for (size_t i = 0; i < n; i++)
+                fprintf(f, "%s%s%zu", i ? " " : "", prefix, (i * 7919) % n);
+        assert_int_equal(fclose(f), 0);
+        return text;
+}
+
 /* The first name listed a second time is the one named, whatever comes after; an invalid name before it wins. And
  * checking a long list takes no scan of all names before each (200,000 members of a simulator scenario took
  * minutes): 100,000 here in well under a second of CPU. */
@@ -440,13 +452,7 @@ static void test_member_lists_with_duplicates_or_many_names(void **state) {
         /* Many distinct names, not in order, are all taken (the check sorts a copy; its cost is not timed here:
          * 100,000 members took 17.7 s of CPU with the pairwise check). */
         const size_t n = 10000;
-        char *text = NULL;
-        size_t size = 0;
-        FILE *f = open_memstream(&text, &size);
-        assert_non_null(f);
-        for (size_t i = 0; i < n; i++)
-                fprintf(f, "%srig-%zu", i ? " " : "", (i * 7919) % n); /* distinct, not in order */
-        assert_int_equal(fclose(f), 0);
+        char *text = distinct_names("rig-", n);
         set_ok("pool rigs", "members", text);
         assert_int_equal(conf_find_pool(c, "rigs")->n_members, n);
         free(text);
@@ -1235,14 +1241,7 @@ static void test_lane_labels_first_offending_term_is_named(void **state) {
         set_fails("lane l", "labels", "a B a", "invalid label \"B\"");
         set_fails("lane l", "labels", "a a B", "label \"a\" is listed twice");
 
-        const size_t n = 20000;
-        char *text = NULL;
-        size_t size = 0;
-        FILE *f = open_memstream(&text, &size);
-        assert_non_null(f);
-        for (size_t i = 0; i < n; i++)
-                fprintf(f, "%sl%zu", i ? " " : "", (i * 7919) % n); /* distinct, not in order */
-        assert_int_equal(fclose(f), 0);
+        char *text = distinct_names("l", 20000);
         set_fails("lane l", "labels", text, "20000 labels are too many");
         free(text);
 }
