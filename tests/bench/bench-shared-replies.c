@@ -1,7 +1,8 @@
 /* SPDX-License-Identifier: MIT */
 /* bench-shared-replies — a shared pool's reply naming members by name, the engine alone: how long does a pool of
  * MEMBERS members take to read a reply whose cache lists LISTED of them quarantined (lua/README, "Members'
- * lives"), each found among the members by name? The same reply listing none is the reference, in the same run.
+ * lives"), each found among the members by name, or lists them drained (each taken once)? The same reply listing
+ * none is the reference, in the same run.
  *
  *   bench-shared-replies [MEMBERS [LISTED [ROUNDS]]]        (defaults 10000, 5000, 5)
  *
@@ -40,9 +41,10 @@ static RespValue array(RespValue *e, size_t n) {
         return (RespValue) { .type = RESP_ARRAY, .elements = e, .n = n };
 }
 
-/* The pool's next tick, after *now (moved to it): answered, its cache listing `life` (n entries) as quarantined.
- * Returns the time the answer took to read. */
-static uint64_t answer_tick(Pool *pool, usec_t *now, const RespValue *life, size_t n) {
+/* The pool's next tick, after *now (moved to it): answered, its cache listing `life` (n entries) as quarantined
+ * and `drains` (n_drains entries) drained. Returns the time the answer took to read. */
+static uint64_t answer_tick(Pool *pool, usec_t *now, const RespValue *life, size_t n, const RespValue *drains,
+                           size_t n_drains) {
         const SharedCall *c = NULL;
         for (size_t i = 0; i < 120 && !pool_shared_take_call(pool, *now, &c); i++) {
                 *now += S(1);
@@ -56,8 +58,9 @@ static uint64_t answer_tick(Pool *pool, usec_t *now, const RespValue *life, size
         RespValue body[] = { num(0), str("e1"), num(0), str("ok"), array(NULL, 0), array(fp, 3), str("0-0"), num(2),
                              str("") };
         RespValue cache[] = { num(0), num(0), num(0), num(0), num(0), num(-1), num(100), str("e1"), num(0), str(""),
-                              num(2), str(""), array(NULL, 0), array((RespValue *) life, n) };
-        RespValue reply[] = { str("ok"), num((int64_t) *now), array(body, 9), array(NULL, 0), array(cache, 14),
+                              num(2), str(""), array(NULL, 0), array((RespValue *) life, n),
+                              array((RespValue *) drains, n_drains) };
+        RespValue reply[] = { str("ok"), num((int64_t) *now), array(body, 9), array(NULL, 0), array(cache, 15),
                               array(NULL, 0) };
         RespValue r = array(reply, 6);
         uint64_t t0 = bench_now_ns();
@@ -75,8 +78,9 @@ int main(int argc, char **argv) {
                 return EXIT_FAILURE;
         }
         char **members = calloc(n + 1, sizeof(char *));
-        RespValue *life = calloc(listed, sizeof(RespValue)), *fields = calloc(listed * 6, sizeof(RespValue));
-        if (!members || !life || !fields)
+        RespValue *life = calloc(listed, sizeof(RespValue)), *fields = calloc(listed * 6, sizeof(RespValue)),
+                  *drains = calloc(listed, sizeof(RespValue)), *drain_fields = calloc(listed * 6, sizeof(RespValue));
+        if (!members || !life || !fields || !drains || !drain_fields)
                 return EXIT_FAILURE;
         for (size_t i = 0; i < n; i++)
                 if (asprintf(&members[i], "rig-%zu", (i * 7919) % n) < 0)
@@ -91,6 +95,14 @@ int main(int argc, char **argv) {
                 e[4] = str("node-b");
                 e[5] = str("");
                 life[k] = array(e, 6);
+                RespValue *d = drain_fields + 6 * k;
+                d[0] = e[0];
+                d[1] = num(S(1));
+                d[2] = str("uid 0");
+                d[3] = str("");
+                d[4] = num(-1);
+                d[5] = str("node-b");
+                drains[k] = array(d, 6);
         }
 
         SharedPoolParams params = { .node_id = "0123456789abcdef0123456789abcdef", .node_name = "runner-1",
@@ -107,31 +119,40 @@ int main(int argc, char **argv) {
                 return EXIT_FAILURE;
         usec_t now = S(1);
         pool_shared_link_up(pool, "run1", now);
-        answer_tick(pool, &now, NULL, 0);
+        answer_tick(pool, &now, NULL, 0, NULL, 0);
 
         printf("bench-shared-replies: load average %s\n", bench_loadavg(load, sizeof load));
-        uint64_t none_max = 0, listed_max = 0, listed_min = UINT64_MAX;
+        uint64_t none_max = 0, listed_max = 0, listed_min = UINT64_MAX, drains_max = 0, drains_min = UINT64_MAX;
         for (size_t i = 0; i < rounds; i++) {
-                /* Each round the list and then none: every quarantine is new, then every one ends. */
-                uint64_t t = answer_tick(pool, &now, life, listed);
+                /* Each round the list and then none: every quarantine is new, then every one ends; the same with
+                 * drains. */
+                uint64_t t = answer_tick(pool, &now, life, listed, NULL, 0);
                 listed_max = MAX(listed_max, t);
                 listed_min = MIN(listed_min, t);
-                none_max = MAX(none_max, answer_tick(pool, &now, NULL, 0));
+                none_max = MAX(none_max, answer_tick(pool, &now, NULL, 0, NULL, 0));
+                t = answer_tick(pool, &now, NULL, 0, drains, listed);
+                drains_max = MAX(drains_max, t);
+                drains_min = MIN(drains_min, t);
+                none_max = MAX(none_max, answer_tick(pool, &now, NULL, 0, NULL, 0));
         }
         PoolInfo info;
         size_t quarantined = 0;
-        answer_tick(pool, &now, life, listed);
+        answer_tick(pool, &now, life, listed, drains, listed);
         pool->ops->info(pool, now, &info);
         for (size_t i = 0; i < info.n_life; i++)
                 quarantined += info.life[i].quarantined;
-        if (quarantined != listed) {
-                fprintf(stderr, "bench-shared-replies: %zu quarantined, expected %zu\n", quarantined, listed);
+        if (quarantined != listed || info.n_drains != listed) {
+                fprintf(stderr, "bench-shared-replies: %zu quarantined and %zu drained, expected %zu\n", quarantined,
+                        info.n_drains, listed);
                 return EXIT_FAILURE;
         }
-        printf("members %zu, listed %zu, %zu rounds: a reply listing them read in %.2f ms (fastest) to %.2f ms, "
-               "one listing none at most %.2f ms\n",
-               n, listed, rounds, listed_min / 1e6, listed_max / 1e6, none_max / 1e6);
+        printf("members %zu, listed %zu, %zu rounds: a reply listing them quarantined read in %.2f ms (fastest) to "
+               "%.2f ms, drained %.2f ms to %.2f ms, one listing none at most %.2f ms\n",
+               n, listed, rounds, listed_min / 1e6, listed_max / 1e6, drains_min / 1e6, drains_max / 1e6,
+               none_max / 1e6);
         pool->ops->free(pool);
+        free(drain_fields);
+        free(drains);
         free(fields);
         free(life);
         strv_free(members);

@@ -2765,6 +2765,62 @@ static void test_drains_from_replies_hostile_entries_dropped(void **state) {
         assert_true(info.bad_input >= 4);
 }
 
+/* A pool of 2,000 members: a reply's drains naming 1,000 of them, each a second time further on, and the pool
+ * twice: the first listing of each is the drain (its who kept), the others dropped and counted. */
+static void test_drains_of_a_big_pool_each_once(void **state) {
+        enum { N = 2000, D = 1000 };
+        Fixture *f = *state;
+        char **members = calloc(N + 1, sizeof(char *));
+        assert_non_null(members);
+        for (size_t i = 0; i < N; i++)
+                assert_true(asprintf(&members[i], "rig-%u", (unsigned) (i * 7919 % N)) > 0);
+        PoolConfig pc = { .name = (char *) "grid", .limit = N, .max_queue = -1, .members = members, .n_members = N };
+        PoolLaneRule rules[] = { { .lane = "ci", .priority = 0, .max_in_use = -1 } };
+        assert_int_equal(pool_configure(f->pool, &pc, rules, 1, S(1)), 0);
+        pool_shared_link_up(f->pool, "run1", S(1));
+        const SharedCall *c = take(f, SHARED_SCRIPT_TICK);
+
+        enum { ENTRIES = 2 * D + 2 };
+        static char who[ENTRIES][16];
+        RespValue *entries = calloc(ENTRIES, sizeof(RespValue)), *fields = calloc(ENTRIES * 6, sizeof(RespValue));
+        assert_non_null(entries);
+        assert_non_null(fields);
+        for (size_t k = 0; k < ENTRIES; k++) {
+                /* Members 2j from the end, then the same again in the other order; the pool at 0 and D + 1. */
+                RespValue *e = fields + 6 * k;
+                size_t j = k <= D ? k : ENTRIES - k;
+                bool pool = k == 0 || k == D + 1;
+                snprintf(who[k], sizeof who[k], "uid %zu", k);
+                e[0] = str(pool ? "" : members[N - 2 * j]);
+                e[1] = num(S(1));
+                e[2] = str(who[k]);
+                e[3] = str("");
+                e[4] = num(-1);
+                e[5] = str("n1");
+                entries[k] = (RespValue) { .type = RESP_ARRAY, .elements = e, .n = 6 };
+        }
+        RespValue drains = { .type = RESP_ARRAY, .elements = entries, .n = ENTRIES };
+        RespValue cache15 = arr(15, num(0), num(0), num(0), num(0), num(1), num(-1), num(100), str("e1"), num(0),
+                                str(""), num(2), str(""), EMPTY, EMPTY, drains);
+        done(f, c, arr(6, str("ok"), num(S(1)), tick_body("ok", EMPTY, 0, 0, 0, ""), EMPTY, cache15, EMPTY), S(1),
+             S(1));
+        PoolInfo info;
+        f->pool->ops->info(f->pool, S(2), &info);
+        assert_int_equal(info.n_drains, D + 1);
+        for (size_t k = 0; k <= D; k++) {
+                const EngineDrainInfo *d = &info.drains[k];
+                if (k == 0)
+                        assert_null(d->member);
+                else
+                        assert_string_equal(d->member, members[N - 2 * k]);
+                assert_string_equal(d->who, who[k]);
+        }
+        assert_int_equal(info.bad_input, 1);
+        free(fields);
+        free(entries);
+        strv_free(members);
+}
+
 /* A lane's queue-timeout is one of the rules nodes must agree on (SPEC §11): it is in the canon. */
 static void test_canon_carries_lane_budgets(void **state) {
         Fixture *f = *state;
@@ -4726,6 +4782,7 @@ int main(void) {
                 T(test_recovery_window_refusal_carries_its_reason),
                 T(test_drain_is_a_call),
                 T(test_drains_from_replies_hostile_entries_dropped),
+                T(test_drains_of_a_big_pool_each_once),
                 T(test_a_repaired_key_is_counted_as_bad_input),
                 T(test_a_repair_in_an_unregistered_reply_is_told),
                 T(test_giving_back_while_a_withdrawal_can_go_out),
