@@ -2365,24 +2365,31 @@ static void drains_apply(SharedPool *p, const RespValue *list, usec_t now) {
                 return;
         size_t cap = strv_length(p->base.members) + 1;
         EngineDrainInfo *d = calloc(MAX(MIN(list->n, cap), (size_t) 1), sizeof(EngineDrainInfo));
-        if (!d)
+        /* Which members (by their first place: member_index()) and whether the pool were taken already: a scan
+         * of those taken for each entry made a list of thousands O(entries²). */
+        _cleanup_free_ bool *taken = calloc(cap, sizeof(bool));
+        if (!d || !taken) {
+                free(d);
                 return; /* the next reply says it again */
+        }
         size_t n = 0;
-        bool bad = false;
+        bool bad = false, pool_taken = false;
         for (size_t k = 0; k < list->n; k++) {
                 const RespValue *e = &list->elements[k];
                 const RespValue *field = e->type == RESP_ARRAY && e->n >= 6 ? resp_at(e, 0) : NULL;
                 int64_t since = 0, until = -1;
                 ssize_t i = field && field->type == RESP_STRING && field->len > 0 ? member_index(p, field) : -1;
                 bool pool = field && field->type == RESP_STRING && field->len == 0;
-                bool twice = false;
-                for (size_t j = 0; j < n && (pool || i >= 0); j++)
-                        twice |= pool ? !d[j].member : d[j].member && streq(d[j].member, p->base.members[i]);
+                bool twice = pool ? pool_taken : i >= 0 && taken[i];
                 if ((!pool && i < 0) || twice || n >= cap || !resp_int(resp_at(e, 1), &since) ||
                     !resp_int(resp_at(e, 4), &until)) {
                         bad = true;
                         continue;
                 }
+                if (pool)
+                        pool_taken = true;
+                else
+                        taken[i] = true;
                 d[n] = (EngineDrainInfo) {
                         .pool = p->base.name,
                         .member = pool ? NULL : strdup(p->base.members[i]),
