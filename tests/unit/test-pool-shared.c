@@ -2525,16 +2525,22 @@ static void test_quarantines_from_replies_hostile_entries_dropped(void **state) 
         assert_null(info.life[1].job);
 }
 
+/* n members rig-0 … rig-{n-1}, each once, listed in an order that is not their names'. */
+static char **big_members(size_t n) {
+        char **members = calloc(n + 1, sizeof(char *));
+        assert_non_null(members);
+        for (size_t i = 0; i < n; i++)
+                assert_true(asprintf(&members[i], "rig-%zu", i * 7919 % n) > 0);
+        return members;
+}
+
 /* A pool of 2,000 members listed in an order that is not their names': a reply's quarantine list naming 500 of
  * them, in yet another order, maps each to its member by name (a binary search, member_index()); a name that
  * extends or cuts one is no member, dropped and counted. */
 static void test_quarantine_list_of_a_big_pool_found_by_name(void **state) {
         enum { N = 2000, Q = 500 };
         Fixture *f = *state;
-        char **members = calloc(N + 1, sizeof(char *));
-        assert_non_null(members);
-        for (size_t i = 0; i < N; i++)
-                assert_true(asprintf(&members[i], "rig-%u", (unsigned) (i * 7919 % N)) > 0); /* each of 0..1999 once */
+        char **members = big_members(N);
         PoolConfig pc = { .name = (char *) "grid", .limit = N, .max_queue = -1, .members = members, .n_members = N,
                           .quarantine_exit_codes = { UINT64_C(1) << 3 }, .quarantine_exit_codes_set = true,
                           .quarantine_after = 2 };
@@ -2770,10 +2776,7 @@ static void test_drains_from_replies_hostile_entries_dropped(void **state) {
 static void test_drains_of_a_big_pool_each_once(void **state) {
         enum { N = 2000, D = 1000 };
         Fixture *f = *state;
-        char **members = calloc(N + 1, sizeof(char *));
-        assert_non_null(members);
-        for (size_t i = 0; i < N; i++)
-                assert_true(asprintf(&members[i], "rig-%u", (unsigned) (i * 7919 % N)) > 0);
+        char **members = big_members(N);
         PoolConfig pc = { .name = (char *) "grid", .limit = N, .max_queue = -1, .members = members, .n_members = N };
         PoolLaneRule rules[] = { { .lane = "ci", .priority = 0, .max_in_use = -1 } };
         assert_int_equal(pool_configure(f->pool, &pc, rules, 1, S(1)), 0);
