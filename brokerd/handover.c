@@ -431,7 +431,7 @@ int handover_parse(const void *data, size_t size, const char *boot_id, usec_t no
         };
         if (json_dispatch(root, head, JSON_DISPATCH_ALLOW_UNKNOWN, NULL) < 0)
                 return -EBADMSG;
-        if (!streq(format, HANDOVER_FORMAT) || version != HANDOVER_VERSION)
+        if (!streq(format, HANDOVER_FORMAT) || version < HANDOVER_VERSION_OLDEST || version > HANDOVER_VERSION)
                 return -EPROTONOSUPPORT;
         const JsonField table[] = {
                 { "format", JSON_FIELD_STRING, JSON_MANDATORY, &format, .max_length = 64 },

@@ -20,7 +20,11 @@
 #include "time-util.h"
 
 #define HANDOVER_FORMAT "slotbroker-handover"
-#define HANDOVER_VERSION 1
+/* 2: a waiter carries its lane's labels= and also= as it queued under them ("laneRules"). A brokerd reads
+ * both (a version 1 state has none: its waiters resume under the lane as it is now); one of version 1 reads a
+ * state of version 2 as a format it does not know, not as damage. */
+#define HANDOVER_VERSION 2
+#define HANDOVER_VERSION_OLDEST 1
 #define HANDOVER_FDNAME_STATE "sb-state"
 #define HANDOVER_FDNAME_CONNECTION "sb-conn"
 /* A state larger than this is damage, not a state: every connection's output cap (1 MiB by default) times
