@@ -432,26 +432,31 @@ class Handover(HandoverCase):
         self.assert_nobody_requeued()
         self.w.check(self)
 
-    def test_a_holder_whose_command_ended_while_brokerd_was_down(self):
-        """The command ends while brokerd is down (a restart under load): its slotctl's Release, with the
-        command's exit status, waits in the connection the fd store kept. The start restores the lease for that
-        connection alone, takes it back, and the Release ends the lease with its status told (SPEC §3.6: a
-        quarantine or a health job's restore is not lost to the restart); slotctl exits with the command's
-        status, and the slot goes to the next job."""
+    def holder_ended_in_store(self):
+        """A brokerd stopped into the store while job "holder" (exit 3) holds and "next" waits; then the holder's
+        command ends, reaped by its slotctl (the witness logs its end just before its shell exits): gone for the
+        start's check of the lease's command. Returns the broker, down."""
         b = self.start_broker()
         self.job(b, "holder", 3)
         wait_for(lambda: self.w.started("holder"), 10, message="the holder's command")
         self.queued_job(b, "next", 0, body="true")
         self.stop_into_store(b)
         self.w.stop("holder")
-        # Ended and reaped by its slotctl (the witness logs its end just before its shell exits): gone for the
-        # start's check of the lease's command.
         pid = self.jobs["holder"].proc.pid
 
         def reaped():
             with open(f"/proc/{pid}/task/{pid}/children") as f:
                 return self.w.ended("holder") and not f.read().split()
         wait_for(reaped, 10, message="the holder's command to end")
+        return b
+
+    def test_a_holder_whose_command_ended_while_brokerd_was_down(self):
+        """The command ends while brokerd is down (a restart under load): its slotctl's Release, with the
+        command's exit status, waits in the connection the fd store kept. The start restores the lease for that
+        connection alone, takes it back, and the Release ends the lease with its status told (SPEC §3.6: a
+        quarantine or a health job's restore is not lost to the restart); slotctl exits with the command's
+        status, and the slot goes to the next job."""
+        b = self.holder_ended_in_store()
         self.start_from_store(b)
         self.assertEqual(self.jobs["holder"].wait(10), 3, self.stderrs())
         self.assertEqual(self.jobs["next"].wait(15), 0, self.stderrs())
@@ -467,18 +472,7 @@ class Handover(HandoverCase):
     def test_a_holder_whose_command_ended_across_two_quick_restarts(self):
         """As above, and a second restart follows the first at once (before its slotctl's Release may have been
         read): the lease, held by its connection alone, is handed over again and ends with the status told."""
-        b = self.start_broker()
-        self.job(b, "holder", 3)
-        wait_for(lambda: self.w.started("holder"), 10, message="the holder's command")
-        self.queued_job(b, "next", 0, body="true")
-        self.stop_into_store(b)
-        self.w.stop("holder")
-        pid = self.jobs["holder"].proc.pid
-
-        def reaped():
-            with open(f"/proc/{pid}/task/{pid}/children") as f:
-                return self.w.ended("holder") and not f.read().split()
-        wait_for(reaped, 10, message="the holder's command to end")
+        b = self.holder_ended_in_store()
         self.restart(b)
         self.restart(b)
         self.assertEqual(self.jobs["holder"].wait(10), 3, self.stderrs())
