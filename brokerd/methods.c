@@ -458,8 +458,10 @@ static void status_timer_arm(Methods *m) {
 
 /* The whole reply message for parameters p (taken), or NULL when out of memory. */
 static SessionText *view_text(json_t *p) {
-        _cleanup_(json_decrefp) json_t *parameters = p;
-        _cleanup_(json_decrefp) json_t *msg = p ? json_pack("{s:O}", "parameters", p) : NULL;
+        if (!p)
+                return NULL;
+        /* "o" takes p, also when the packing fails (jansson ≥ 2.8). */
+        _cleanup_(json_decrefp) json_t *msg = json_pack("{s:o}", "parameters", p);
         char *data;
         size_t size;
         if (!msg || json_format(msg, &data, &size) < 0)
