@@ -38,6 +38,7 @@ struct Connection {
         bool output_deferred;      /* the unsent output is deferred replies only: it waits for company */
         bool handed_over;          /* its socket went to the next brokerd: closed without a shutdown */
         bool paused;               /* not read: its uid's fds wait in the closer (connection_resume_reading()) */
+        bool input_full;           /* not read: its input (bytes or fds) is full behind a held reply, until the calls run */
         ListNode paused_node;      /* in paused */
         bool closed;
 };
@@ -83,7 +84,7 @@ static void connection_update_events(Connection *c) {
         if (c->closed || c->paused)
                 return;
         /* After EOF the socket stays readable (level-triggered: for ever); HUP still comes unasked. */
-        uint32_t events = c->read_eof ? 0 : EPOLLIN;
+        uint32_t events = c->read_eof || c->input_full ? 0 : EPOLLIN;
         if (varlink_stream_pending_output(&c->stream) > 0 && !c->output_deferred)
                 events |= EPOLLOUT;
         (void) poller_set_events(c->poller, &c->watch, events);
@@ -362,6 +363,7 @@ static void connection_dispatch(Connection *c) {
         /* A Release of the connection's own lease answers twice (the Acquire's end, then the Release),
          * and pipelined calls once each: all of it leaves in one send. */
         c->dispatching++;
+        c->input_full = false; /* the calls run: what they leave of the input is read again */
         bool ok = connection_run_calls(c);
         c->dispatching--;
         if (!ok || c->dispatching > 0)
@@ -447,15 +449,29 @@ static void connection_io(PollerWatch *w, uint32_t revents) {
                                 connection_pause(c);
                                 break;
                         }
+                        /* Held with a call's fds unread: the next call's fds would find no room beside them
+                         * (ETOOMANYREFS closes the connection). They wait in the socket too. */
+                        if (c->held && c->stream.input.fds.n > 0) {
+                                c->input_full = true;
+                                break;
+                        }
                         ssize_t n = varlink_stream_read(&c->stream);
                         if (n == -EAGAIN)
                                 break;
                         if (n == -ENOBUFS) {
-                                if (c->deferred || c->held) {
-                                        /* Pipelining a whole buffer behind an open call is abuse, not use. */
+                                if (c->deferred) {
+                                        /* Pipelining a whole buffer behind an open Acquire, which may last
+                                         * for ever, is abuse, not use. */
                                         log_debug("Closing connection of pid %d: input full behind an open call",
                                                   (int) c->cred.pid);
                                         connection_close(c);
+                                        break;
+                                }
+                                if (c->held) {
+                                        /* A reply on its way (a Status or Metrics waiting for the end of this
+                                         * loop iteration, a reply in parts): what is pipelined behind it stays
+                                         * in the socket, read once the calls run again. */
+                                        c->input_full = true;
                                         break;
                                 }
                                 connection_dispatch(c);

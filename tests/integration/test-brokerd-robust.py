@@ -14,6 +14,7 @@ import selectors
 import socket
 import struct
 import sys
+import threading
 import time
 import unittest
 
@@ -235,6 +236,23 @@ class Robustness(unittest.TestCase):
             else:
                 self.assertIn(key, json.dumps(msg.get("parameters")), f"reply {i} out of order: {msg}")
         self.assertIsNone(c.poll(0), "one reply per call")
+
+    def test_status_calls_pipelined_past_the_input_buffer_are_all_answered(self):
+        """A Status waits for the end of its loop iteration (one rendering answers every caller): what is
+        pipelined behind it, a whole input buffer's worth and more, stays in the socket until it is answered,
+        and every call is answered in order; the connection is not closed as one that pipelines behind an
+        open Acquire is."""
+        c = self.connect()
+        n = 6000  # ~250 KB of calls: past the input buffer
+        calls = [Varlink.encode_call("io.slotbroker.Status")] * (n - 1) + [Varlink.encode_call("org.varlink.service.GetInfo")]
+        sender = threading.Thread(target=lambda: c.sock.sendall(b"".join(calls)))
+        sender.start()
+        for i in range(n - 1):
+            msg = c.recv(timeout=10)
+            self.assertIn("pools", msg.get("parameters", {}), f"reply {i}: {msg}")
+        self.assertIn("interfaces", c.recv(timeout=10).get("parameters", {}))
+        sender.join(10)
+        self.assertFalse(sender.is_alive())
 
     def test_call_pipelined_behind_a_held_lease_waits_for_it(self):
         c = self.connect()
