@@ -395,7 +395,7 @@ def state_flipped(data):
 
 
 def state_edited(data, **changes):
-    """The JSON state with top-level fields replaced (version=2, boot="…")."""
+    """The JSON state with top-level fields replaced (version=99, boot="…")."""
     obj = json.loads(data)
     obj.update(changes)
     return json.dumps(obj, separators=(",", ":")).encode()

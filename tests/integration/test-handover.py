@@ -866,7 +866,7 @@ class Damaged(HandoverCase):
         self.check_requeued(lambda s: s.replace("sb-state", fdstore.state_flipped(s.read())))
 
     def test_state_of_a_newer_format(self):
-        self.check_requeued(lambda s: s.replace("sb-state", fdstore.state_edited(s.read(), version=2)))
+        self.check_requeued(lambda s: s.replace("sb-state", fdstore.state_edited(s.read(), version=99)))
 
     def test_state_of_another_boot(self):
         self.check_requeued(lambda s: s.replace("sb-state", fdstore.state_edited(s.read(), boot=other_boot(s.read()))))
