@@ -116,6 +116,19 @@ static void assert_resolves_as_reference(const MemberSets *m, const Selector *s,
         free(once);
 }
 
+/* n member names (NULL-terminated), "m" and a number (three digits if padded): out of their index's order, so
+ * that sorting them matters; in a fifth of the rounds each name twice (no configuration has that: both are the
+ * member). */
+static char **members_new(size_t n, size_t round, bool padded) {
+        char **members = calloc(n + 1, sizeof(char *));
+        assert_non_null(members);
+        for (size_t i = 0; i < n; i++) {
+                unsigned v = (unsigned) (((round % 5 == 4 ? i / 2 : i) * 37 + round) % 1000);
+                assert_true((padded ? asprintf(&members[i], "m%03u", v) : asprintf(&members[i], "m%u", v)) > 0);
+        }
+        return members;
+}
+
 /* Random pools (0 to 200 members, so counts below, at and past a word's 64), random labels (empty ones, two
  * of one name, names that are no member, the members in another order than the pool's) and random selectors (negated terms, labels no label names, a member
  * named that is one or is not): the sets made once per pool resolve every selector as the member by member
@@ -126,13 +139,7 @@ static void test_member_sets_resolve_as_the_reference(void **state) {
         static const size_t sizes[] = { 0, 1, 2, 63, 64, 65, 127, 128, 129, 200 };
         for (size_t round = 0; round < 300; round++) {
                 size_t n = round < ELEMENTSOF(sizes) ? sizes[round] : rnd() % 201;
-                char **members = calloc(n + 1, sizeof(char *));
-                assert_non_null(members);
-                /* Names out of their index's order, so that sorting them matters; in a fifth of the pools each
-                 * name twice (no configuration has that: both are the member). */
-                for (size_t i = 0; i < n; i++)
-                        assert_true(asprintf(&members[i], "m%03u",
-                                             (unsigned) (((round % 5 == 4 ? i / 2 : i) * 37 + round) % 1000)) > 0);
+                char **members = members_new(n, round, true);
                 size_t n_labels = rnd() % 8;
                 PoolLabel labels[8] = {};
                 for (size_t l = 0; l < n_labels; l++) {
@@ -190,11 +197,7 @@ static void test_member_sets_find_as_a_scan(void **state) {
         static const size_t sizes[] = { 0, 1, 2, 3, 64, 65, 200 };
         for (size_t round = 0; round < 100; round++) {
                 size_t n = round < ELEMENTSOF(sizes) ? sizes[round] : rnd() % 301;
-                char **members = calloc(n + 1, sizeof(char *));
-                assert_non_null(members);
-                for (size_t i = 0; i < n; i++)
-                        assert_true(asprintf(&members[i], "m%u",
-                                             (unsigned) (((round % 5 == 4 ? i / 2 : i) * 37 + round) % 1000)) > 0);
+                char **members = members_new(n, round, false);
                 MemberSets *m = NULL;
                 assert_int_equal(member_sets_new(members, NULL, 0, &m), 0);
                 for (size_t k = 0; k < 200; k++) {
