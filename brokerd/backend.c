@@ -512,6 +512,7 @@ static int on_renew_timer(sd_event_source *s, uint64_t usec, void *userdata) {
 
 static int on_flush(sd_event_source *s, void *userdata) {
         Backend *b = userdata;
+        (void) sd_event_source_set_enabled(b->flush, SD_EVENT_OFF); /* when called by backend_table_send() */
         backend_wake_reader(b);
         redis_link_cork(b->commands);
         backend_send_calls(b);
@@ -1170,6 +1171,18 @@ bool backend_table_giving_back(const BackendTable *t) {
                         if (pool_shared_giving_back(t->backends[i]->pools[j]->pool))
                                 return true;
         return false;
+}
+
+void backend_table_send_first(BackendTable *t) {
+        for (size_t i = 0; i < t->n_backends; i++) {
+                Backend *b = t->backends[i];
+                bool first = false;
+                /* Every pool's flag is taken: one left set would send a later dispatch's calls early. */
+                for (size_t j = 0; j < b->n_pools; j++)
+                        first = pool_shared_take_send_first(b->pools[j]->pool) || first;
+                if (first)
+                        (void) on_flush(b->flush, b);
+        }
 }
 
 bool backend_table_is_settled(const BackendTable *t) {

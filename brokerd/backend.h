@@ -109,6 +109,13 @@ void backend_table_set_records_unknown(BackendTable *t, bool unknown);
  * (pool_shared_giving_back()): a clean stop keeps the loop running, bounded, until this is false. */
 bool backend_table_giving_back(const BackendTable *t);
 
+/* The calls of a backend one of whose pools refused a waiter here since (pool_shared_take_send_first()) go
+ * now rather than at the next loop iteration. The manager's drain calls it before it answers any client: the
+ * withdrawal is on its way to Redis before the refused client can queue on another node, and it is never
+ * counted there behind itself. Other calls wait for the loop's next iteration, where more join them in one
+ * batch. */
+void backend_table_send_first(BackendTable *t);
+
 /* Whether every pool on every backend has its calls answered and its stream read up to what the last reply
  * appended: nothing more can come without a new command. For tests that run the loop until then. */
 bool backend_table_is_settled(const BackendTable *t);

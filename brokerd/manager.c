@@ -836,6 +836,10 @@ static void manager_load_member_state(Manager *m) {
 
 void manager_drain(Manager *m) {
         do {
+#if HAVE_REDIS
+                /* The withdrawals of waiters refused here leave before the refusals do. */
+                backend_table_send_first(&m->backends);
+#endif
                 /* The lease rows of all the grants settled since the last drain go in one write (group
                  * commit); their answers are events that may settle more. */
                 do

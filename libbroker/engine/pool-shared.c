@@ -201,6 +201,7 @@ typedef struct SharedPool {
          * call after: an in-process pool then had no gauge (pool-local.c:congested_at()), nor has this node. */
         usec_t gauge_from;
         bool tick_pending;     /* a tick is in the outbox */
+        bool send_first;       /* a refusal it emitted withdraws its try: pool_shared_take_send_first() */
         unsigned settling;     /* "settling" answers in a row (settling_hold()) */
         usec_t settling_pause; /* until then a call answered "settling" is held, and no tick goes */
         bool run_pending;      /* a run() tick is in the outbox: next_wakeup() says USEC_INFINITY */
@@ -903,6 +904,13 @@ bool pool_shared_next_call(Pool *base, uint64_t *ret_order) {
         return true;
 }
 
+bool pool_shared_take_send_first(Pool *base) {
+        SharedPool *p = SHARED(base);
+        bool r = p->send_first;
+        p->send_first = false;
+        return r;
+}
+
 bool pool_shared_take_call(Pool *base, usec_t now, const SharedCall **ret) {
         SharedPool *p = SHARED(base);
         Call *c = outbox_next(p);
@@ -1150,8 +1158,8 @@ static void rid_forget(SharedPool *p, const char *rid);
  * only call of it was never sent: one that may have run, one out; and a resumed waiter's old rid once a
  * reconcile that listed it went out (held at a start behind Sentinels past the first tick): Redis kept its
  * waiter, maybe granted it; and a waiter's rid sent again after Redis said it lost it (waiter_resubmit()):
- * that "gone" was Redis's word, which may not be true. */
-static void forget_submit(SharedPool *p, const char *rid, usec_t now) {
+ * that "gone" was Redis's word, which may not be true. Returns whether a withdraw was queued. */
+static bool forget_submit(SharedPool *p, const char *rid, usec_t now) {
         bool found = false, may_have_run = false;
         list_foreach_safe(n, &p->outbox) {
                 Call *c = container_of(n, Call, node);
@@ -1166,9 +1174,9 @@ static void forget_submit(SharedPool *p, const char *rid, usec_t now) {
                 call_free(c);
         }
         if (found && !may_have_run)
-                return;
+                return false;
         rid_forget(p, rid);
-        (void) queue_rid_call(p, SHARED_SCRIPT_WITHDRAW, rid, 0, now);
+        return queue_rid_call(p, SHARED_SCRIPT_WITHDRAW, rid, 0, now) >= 0;
 }
 
 /* ------------------------------------------------------------------------------------------ decisions */
@@ -1304,7 +1312,8 @@ static void grant_free(PoolGrant *g) {
 static void try_refuse_locally(SharedPool *p, PoolWaiter *w, const char *reason, usec_t now) {
         try_fp_remove(p, w);
         /* A lease held back for its replicas goes too: withdraw releases a lease under the rid. */
-        forget_submit(p, w->rid, now);
+        if (forget_submit(p, w->rid, now))
+                p->send_first = true;
         /* A decision of this node: the wait is the engine's own measure (has_wait false). */
         void *cookie = w->cookie;
         try_free(w);
@@ -1353,7 +1362,8 @@ static bool decision_is_late(const PoolWaiter *w, const SharedDecision *d, usec_
  * rid). */
 static void deadline_refuse(SharedPool *p, PoolWaiter *w, usec_t now) {
         try_fp_remove(p, w);
-        forget_submit(p, w->rid, now);
+        if (forget_submit(p, w->rid, now))
+                p->send_first = true;
         PoolDecision d = {
                 .verdict = POOL_VERDICT_REFUSED,
                 .cookie = w->cookie,

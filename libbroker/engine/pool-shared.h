@@ -185,6 +185,10 @@ bool pool_shared_take_call(Pool *p, usec_t now, const SharedCall **ret);
  * one pool that the engine made after another pool's call (a set granted once another pool has run) then
  * reaches Redis after it, as an in-process pool would have made it. */
 bool pool_shared_next_call(Pool *p, uint64_t *ret_order);
+/* Whether a decision emitted since the last call made this node take a try out of Redis (a waiter refused
+ * here: the rules differ, the link is down, its budget ended): its driver sends the calls before the decision
+ * is told, or the refused client could queue on another node while Redis still counts it. Clears it. */
+bool pool_shared_take_send_first(Pool *p);
 /* The answer to a taken call. reply NULL: error < 0 (-ETIMEDOUT, -ECONNRESET, -ENOTCONN: it may or may not
  * have run; it is sent again, identical, when the link is back). sent_boot: CLOCK_BOOTTIME when it was
  * sent; now: monotonic. */

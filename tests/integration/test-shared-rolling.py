@@ -8,14 +8,16 @@ tells it, on three brokerds sharing one pool through a real redis-server: limit 
 - the last reload makes every runner serve the pool again, under the new limit;
 - the pool is never refused everywhere, and two limits are never enforced at once;
 - a lease that ends on a runner refusing the pool for its rules is released in Redis at once, and its waiters
-  refused there are withdrawn at once: the runners still serving the pool grant the slot, rather than see it
+  refused there are withdrawn at once (the withdrawal leaves before the refusal reaches the client): the runners still serving the pool grant the slot, rather than see it
   held (or granted to a waiter refused long ago) for as long as the rules differ.
 
 Skipped (77) without redis-server or shared pools.
 
 Usage: test-shared-rolling.py BROKERD [unittest arguments]
 """
+import os
 import shutil
+import signal
 import sys
 import tempfile
 
@@ -122,7 +124,13 @@ class TestSharedRolling(harness.BrokerTestCase):
         refused.until(lambda x: x.error, timeout=10, what="a's waiter refused")
         self.assertEqual((refused.error, refused.params.get("reason")), ("io.slotbroker.Unavailable", "rules"),
                          refused.msg)
-        waiting = self.queued(b)
+        # The withdrawal left runner-a before the refusal did: frozen now, it cannot send it any more, and
+        # runner-b's waiter is still alone in the queue.
+        os.kill(a.proc.pid, signal.SIGSTOP)
+        try:
+            waiting = self.queued(b)
+        finally:
+            os.kill(a.proc.pid, signal.SIGCONT)
         self.assertEqual((waiting.params.get("position"), waiting.params.get("queued")), (1, 1), waiting.msg)
         held.close()
         waiting.until_granted(timeout=TTL / 2)
