@@ -1692,6 +1692,7 @@ static void test_rules_mismatch_refuses_and_keeps_heartbeating(void **state) {
         queued(f, &waiter, S(1), rid_w);
         f->pool->ops->run(f->pool, S(2));
         const SharedCall *c = take(f, SHARED_SCRIPT_TICK);
+        assert_false(pool_shared_take_send_first(f->pool));
         done(f, c, reply("rules", 1, tick_body("rules", arr(1, str("limit")), 0, 0, 0, ""), EMPTY,
                          cache(1, 1, 0, -1, "")),
              S(2), S(2));
@@ -1699,6 +1700,9 @@ static void test_rules_mismatch_refuses_and_keeps_heartbeating(void **state) {
         assert_int_equal(f->seen[2].verdict, POOL_VERDICT_REFUSED);
         assert_ptr_equal(f->seen[2].cookie, &waiter);
         assert_string_equal(f->seen[2].reason, "rules");
+        /* Its withdraw is to go before the refusal is told, once. */
+        assert_true(pool_shared_take_send_first(f->pool));
+        assert_false(pool_shared_take_send_first(f->pool));
         PoolInfo info;
         f->pool->ops->info(f->pool, S(2), &info);
         assert_string_equal(info.unavailable, "rules");
@@ -1713,6 +1717,7 @@ static void test_rules_mismatch_refuses_and_keeps_heartbeating(void **state) {
         int other;
         assert_int_equal(submit(f, &other, 1, true, S(3)), 0);
         assert_string_equal(f->seen[3].reason, "rules");
+        assert_false(pool_shared_take_send_first(f->pool)); /* Redis never had it: nothing to withdraw */
         /* The waiter refused leaves Redis's queue at once: it would stay there (and be granted a slot nobody
          * releases) for as long as the rules differ. */
         c = take(f, SHARED_SCRIPT_WITHDRAW);
