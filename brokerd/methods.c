@@ -493,7 +493,7 @@ static bool status_due(Methods *m, const Session *s, usec_t now) {
 
 typedef struct View {
         List *waiting;                  /* Session.view_node */
-        uint64_t *rendered;             /* the loop iteration of its last rendering (views_iteration()) */
+        ViewPace *pace;
         SessionText *(*render)(Methods *m);
         bool (*due)(Methods *m, const Session *s, usec_t now); /* NULL: every call waiting is */
 } View;
@@ -530,6 +530,28 @@ static bool views_wake(Methods *m) {
         return sd_event_source_set_enabled(m->views_wake, SD_EVENT_ONESHOT) >= 0;
 }
 
+static int on_views_timer(sd_event_source *source, uint64_t usec, void *userdata) {
+        return 0; /* the drain after this dispatch answers them (methods_views_flush()) */
+}
+
+/* A dispatch at `at` (monotonic), or at the earlier time it is armed for already (the other kind's rest). */
+static bool views_timer_arm(Methods *m, usec_t at) {
+        if (!m->views_timer) {
+                if (sd_event_add_time(m->event, &m->views_timer, CLOCK_MONOTONIC, at, 1, on_views_timer, m) < 0) {
+                        m->views_timer = NULL;
+                        return false;
+                }
+                return true;
+        }
+        int enabled;
+        uint64_t armed;
+        if (sd_event_source_get_enabled(m->views_timer, &enabled) >= 0 && enabled != SD_EVENT_OFF &&
+            sd_event_source_get_time(m->views_timer, &armed) >= 0 && armed <= at)
+                return true;
+        return sd_event_source_set_time(m->views_timer, at) >= 0 &&
+               sd_event_source_set_enabled(m->views_timer, SD_EVENT_ONESHOT) >= 0;
+}
+
 static bool view_reply(Session *s, SessionText *t);
 
 /* One rendering answers every call of the kind that is due: each came before it, so each sees the state of an
@@ -542,7 +564,9 @@ static bool view_flush(Methods *m, const View *v, usec_t now) {
         if (!view_first_due(m, v, now))
                 return false;
         uint64_t it = views_iteration(m);
-        if (it > 0 && *v->rendered == it && views_wake(m))
+        if (it > 0 && v->pace->rendered == it && views_wake(m))
+                return false;
+        if (now < v->pace->next && views_timer_arm(m, v->pace->next))
                 return false;
         if (!status_settle(m))
                 return false; /* the owner's next drain answers them */
@@ -556,8 +580,9 @@ static bool view_flush(Methods *m, const View *v, usec_t now) {
                 }
         if (list_is_empty(&due))
                 return false;
+        usec_t start = now_monotonic();
         _cleanup_(session_text_unrefp) SessionText *t = v->render(m);
-        *v->rendered = it;
+        v->pace->rendered = it;
         m->answering = v->waiting;
         m->answering_text = t;
         /* One at a time: the calls resumed behind a reply may close other sessions (which unlinks them). */
@@ -572,14 +597,19 @@ static bool view_flush(Methods *m, const View *v, usec_t now) {
         }
         m->answering = NULL;
         m->answering_text = NULL;
+        /* Its cost: the rendering, and the replies queued and sent (with the calls resumed behind them, which
+         * the bound keeps from resting the views long: a Reload pipelined behind a Status). */
+        usec_t end = now_monotonic();
+        v->pace->next = usec_add(end, MIN(METHODS_VIEW_REST_FACTOR * usec_sub_unsigned(end, start),
+                                          METHODS_VIEW_REST_MAX));
         return true;
 }
 
 bool methods_views_flush(Methods *m, usec_t now) {
         bool answered = view_flush(m,
-                                   &(View) { &m->sessions->status_waiting, &m->status_rendered, status_render, status_due },
+                                   &(View) { &m->sessions->status_waiting, &m->status_pace, status_render, status_due },
                                    now);
-        answered = view_flush(m, &(View) { &m->sessions->metrics_waiting, &m->metrics_rendered, metrics_render_text }, now) ||
+        answered = view_flush(m, &(View) { &m->sessions->metrics_waiting, &m->metrics_pace, metrics_render_text }, now) ||
                    answered;
         status_timer_arm(m);
         return answered;
@@ -588,6 +618,7 @@ bool methods_views_flush(Methods *m, usec_t now) {
 void methods_done(Methods *m) {
         m->status_timer = sd_event_source_disable_unref(m->status_timer);
         m->views_wake = sd_event_source_disable_unref(m->views_wake);
+        m->views_timer = sd_event_source_disable_unref(m->views_timer);
 }
 
 /* The call waits for the drain at the end of this loop iteration, and the calls behind it with it; a call that
