@@ -536,7 +536,8 @@ static void member_state_add_drain(const EngineDrainInfo *d, MemberStateEntry *e
         e[(*n)++] = (MemberStateEntry) {
                 .pool = dup_tracked(d->pool, oom), .member = dup_tracked(d->member, oom), .drained = true,
                 .drain_since = mono_to_real(d->since, now, now_real),
-                .drain_until = d->until == USEC_INFINITY ? USEC_INFINITY : mono_to_real(d->until, now, now_real),
+                .drain_until = d->until == USEC_INFINITY ? USEC_INFINITY :
+                               d->until_realtime ?: mono_to_real(d->until, now, now_real),
                 .drain_by = dup_tracked(d->who, oom), .drain_reason = dup_tracked(d->reason, oom),
                 .quarantine_exit_status = -1,
         };
@@ -774,6 +775,7 @@ static void manager_apply_member_state(Manager *m, MemberStateEntry *e, size_t n
                                                                   .since = MIN(real_to_mono(e[i].drain_since, now, now_real), now),
                                                                   .until = e[i].drain_until == USEC_INFINITY ? USEC_INFINITY :
                                                                            usec_add(now, e[i].drain_until - now_real),
+                                                                  .until_realtime = e[i].drain_until == USEC_INFINITY ? 0 : e[i].drain_until,
                                                                   .who = e[i].drain_by, .reason = e[i].drain_reason },
                                                           now);
                                 keep = keep || r == -ENOENT || r == -EOPNOTSUPP;

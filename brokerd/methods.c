@@ -198,7 +198,8 @@ static json_t *pool_status(Methods *m, size_t i, usec_t now) {
                                       d.who, "reason", d.reason);
                 if (e && d.until != USEC_INFINITY)
                         json_object_set_new(e, "until",
-                                            json_integer((json_int_t) usec_add(real, usec_sub_unsigned(d.until, now))));
+                                            json_integer((json_int_t) (d.until_realtime ?:
+                                                                       usec_add(real, usec_sub_unsigned(d.until, now)))));
                 if (!e)
                         continue;
                 if (!d.member)
@@ -798,7 +799,9 @@ static void method_drain(Session *s, const VarlinkCall *call) {
         char who[32];
         snprintf(who, sizeof who, "uid %u", (unsigned) s->cred.uid);
         int r = engine_drain_with(methods_of(s)->engine, pool, member,
-                                  on ? &(EngineDrain) { .since = now, .until = until_mono, .who = who, .reason = reason }
+                                  on ? &(EngineDrain) { .since = now, .until = until_mono,
+                                                        .until_realtime = until >= 0 ? (usec_t) until : 0,
+                                                        .who = who, .reason = reason }
                                      : NULL,
                                   now);
         if (r == -ENOENT) {

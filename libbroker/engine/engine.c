@@ -119,6 +119,7 @@ typedef struct EngineDrainRecord {
         const char *pool;        /* interned */
         char *member;            /* NULL: the whole pool */
         usec_t since, until;
+        usec_t until_realtime;   /* EngineDrain's, for people */
         char *who, *reason;
 } EngineDrainRecord;
 
@@ -2334,6 +2335,7 @@ static void drain_event(Engine *e, const char *pool, const char *member, bool dr
                 .note = reason,
                 .drained = drained,
                 .until = d ? d->until : USEC_INFINITY,
+                .until_realtime = d ? d->until_realtime : 0,
                 .expired = expired,
                 .exit_status = -1,
         });
@@ -2416,6 +2418,7 @@ int engine_drain_with(Engine *e, const char *pool, const char *member, const Eng
                         .member = dup_or_null(member, &oom),
                         .since = d->since,
                         .until = d->until,
+                        .until_realtime = d->until == USEC_INFINITY ? 0 : d->until_realtime,
                         .who = dup_or_null(d->who, &oom),
                         .reason = dup_or_null(d->reason, &oom),
                 };
@@ -2459,6 +2462,7 @@ int engine_drain_info(const Engine *e, size_t i, EngineDrainInfo *ret) {
                 .member = d->member,
                 .since = d->since,
                 .until = d->until,
+                .until_realtime = d->until_realtime,
                 .who = d->who,
                 .reason = d->reason,
         };

@@ -94,9 +94,11 @@ typedef struct EngineEvent {
          * holds (its end's exit status did it): the pool goes with that lease, and the member's life with it. */
         bool retired;
         /* DRAIN: pool, member (NULL: the whole pool), whether it is drained now, who (job) and why (note), its
-         * deadline (USEC_INFINITY: none); an undrain by its deadline has job NULL and `expired` set. */
+         * deadline (USEC_INFINITY: none) and the realtime instant it was given as (0: none, see EngineDrain); an
+         * undrain by its deadline has job NULL and `expired` set. */
         bool drained;
         usec_t until;
+        usec_t until_realtime;
         bool expired;
 } EngineEvent;
 
@@ -408,6 +410,10 @@ int engine_member_get_use(const Engine *e, const char *pool, const char *member,
 typedef struct EngineDrain {
         usec_t since;             /* monotonic µs; ≤ now */
         usec_t until;             /* monotonic µs, > now: undrained by itself then; USEC_INFINITY: never */
+        /* The realtime µs that until was given as (0: none): kept and told as it was given, where one taken
+         * back from the monotonic deadline would be a microsecond or two off (09:59:59 for 10:00:00), or
+         * further after the realtime clock was slewed. The engine never reads it. */
+        usec_t until_realtime;
         const char *who;          /* NULL: unknown */
         const char *reason;       /* NULL: none */
 } EngineDrain;
@@ -423,6 +429,7 @@ typedef struct EngineDrainInfo {
         const char *pool;
         const char *member;       /* NULL: the whole pool */
         usec_t since, until;
+        usec_t until_realtime;    /* as EngineDrain's */
         const char *who, *reason;
 } EngineDrainInfo;
 size_t engine_drain_count(const Engine *e);

@@ -85,7 +85,7 @@ typedef struct Fixture {
         struct {
                 char member[32], who[64], reason[64];
                 bool drained, expired;
-                usec_t at, until;
+                usec_t at, until, until_realtime;
         } drains[64];
         size_t n_drains;
 } Fixture;
@@ -193,6 +193,7 @@ static void drain_events(Fixture *f) {
                         f->drains[f->n_drains].expired = ev.expired;
                         f->drains[f->n_drains].at = ev.at;
                         f->drains[f->n_drains].until = ev.until;
+                        f->drains[f->n_drains].until_realtime = ev.until_realtime;
                         f->n_drains++;
                         continue;
                 }
@@ -1787,6 +1788,37 @@ static size_t drains_shown(Fixture *f, EngineDrainInfo *ret) {
                 *ret = info.drains[0];
         return n + info.n_drains;
 }
+
+#ifndef TEST_ENGINE_SHARED /* a shared pool keeps its until in Redis, on the pool's clock */
+/* The realtime instant an until was given as is told as given, when the drain starts and when it ends by it
+ * (Status, members.state, history): one taken back from the monotonic deadline is a microsecond or two off. */
+static void test_a_drain_until_keeps_the_realtime_it_was_given_as(void **state) {
+        Fixture *f = *state;
+        rigs_plain(f, 1);
+        const usec_t real = UINT64_C(1796587038000000);
+        assert_int_equal(engine_drain_with(f->engine, "p", "a",
+                                           &(EngineDrain) { .since = S(1), .until = S(10), .until_realtime = real },
+                                           S(1)),
+                         0);
+        /* No until: nothing to keep, whatever came with it. */
+        assert_int_equal(engine_drain_with(f->engine, "p", "b",
+                                           &(EngineDrain) { .since = S(1), .until = USEC_INFINITY, .until_realtime = real },
+                                           S(1)),
+                         0);
+        quiesce(f);
+        run(f, S(1));
+        assert_int_equal(f->n_drains, 2);
+        assert_int_equal(f->drains[0].until_realtime, real);
+        assert_int_equal(f->drains[1].until_realtime, 0);
+        EngineDrainInfo d;
+        assert_int_equal(engine_drain_info(f->engine, 0, &d), 0);
+        assert_int_equal(d.until_realtime, real);
+        run(f, S(10));
+        assert_int_equal(f->n_drains, 3);
+        assert_true(f->drains[2].expired);
+        assert_int_equal(f->drains[2].until_realtime, real);
+}
+#endif
 
 /* On every pool kind (test-engine-shared: the until kept in Redis, the undrain the pool's own instant). */
 static void test_a_member_drain_until_ends_by_itself_on_every_pool_kind(void **state) {
@@ -4784,6 +4816,9 @@ int main(void) {
                 T(test_quarantine_by_exit_status_counts_in_a_row_and_restore_hands_it_on),
                 T(test_a_quarantined_member_rests_before_its_health_job),
                 T(test_a_held_member_quarantined_by_hand_stays_with_its_holder),
+#ifndef TEST_ENGINE_SHARED
+                T(test_a_drain_until_keeps_the_realtime_it_was_given_as),
+#endif
                 T(test_a_member_drain_until_ends_by_itself_on_every_pool_kind),
                 T(test_health_lane_takes_quarantined_members_only_and_exit_0_restores),
                 T(test_a_health_request_for_drained_quarantined_members_says_member_drained),
