@@ -512,7 +512,7 @@ static int on_renew_timer(sd_event_source *s, uint64_t usec, void *userdata) {
 
 static int on_flush(sd_event_source *s, void *userdata) {
         Backend *b = userdata;
-        (void) sd_event_source_set_enabled(b->flush, SD_EVENT_OFF); /* when called by backend_table_send() */
+        (void) sd_event_source_set_enabled(b->flush, SD_EVENT_OFF); /* when called by backend_table_send_first() */
         backend_wake_reader(b);
         redis_link_cork(b->commands);
         backend_send_calls(b);

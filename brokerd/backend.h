@@ -110,7 +110,7 @@ void backend_table_set_records_unknown(BackendTable *t, bool unknown);
 bool backend_table_giving_back(const BackendTable *t);
 
 /* The calls of a backend one of whose pools refused a waiter here since (pool_shared_take_send_first()) go
- * now rather than at the next loop iteration. The manager's drain calls it before it answers any client: the
+ * now rather than at the next loop iteration. The manager calls it before it hands on each engine event: the
  * withdrawal is on its way to Redis before the refused client can queue on another node, and it is never
  * counted there behind itself. Other calls wait for the loop's next iteration, where more join them in one
  * batch. */

@@ -422,6 +422,17 @@ static void member_pending_note_retired(Manager *m, const EngineEvent *ev);
 
 /* The engine's events of what the last handler did, to sessions and leases; the engine's timer re-armed.
  * Frees nothing: a poller batch may still name closed sessions' sockets. */
+/* The engine's next event. The withdrawals of the waiters a shared pool refused here go to Redis first
+ * (backend_table_send_first()), before the refusals are handed on: here, not at the drain's start, for a
+ * refusal comes from a settle after a connection's turn too (a Reload call that removes the pool), from
+ * engine_run() (a waiter's grace over) and from the commands that handing on an event makes. */
+static bool manager_pop_event(Manager *m, EngineEvent *ret) {
+#if HAVE_REDIS
+        backend_table_send_first(&m->backends);
+#endif
+        return engine_pop_event(m->engine, ret);
+}
+
 static void manager_settle(Manager *m) {
         if (m->settling)
                 return; /* the settle on the stack hands on whatever comes meanwhile */
@@ -430,7 +441,7 @@ static void manager_settle(Manager *m) {
                 engine_run(m->engine, now_monotonic());
                 EngineEvent ev;
                 bool any = false;
-                while (engine_pop_event(m->engine, &ev)) {
+                while (manager_pop_event(m, &ev)) {
                         if (ev.type == ENGINE_EVENT_MEMBER || ev.type == ENGINE_EVENT_DRAIN) {
                                 m->member_state_dirty = true;
                                 if (ev.type == ENGINE_EVENT_MEMBER) /* its quarantine count */
@@ -838,10 +849,6 @@ static void manager_load_member_state(Manager *m) {
 
 void manager_drain(Manager *m) {
         do {
-#if HAVE_REDIS
-                /* The withdrawals of waiters refused here leave before the refusals do. */
-                backend_table_send_first(&m->backends);
-#endif
                 /* The lease rows of all the grants settled since the last drain go in one write (group
                  * commit); their answers are events that may settle more. */
                 do

@@ -7,6 +7,8 @@ tells it, on three brokerds sharing one pool through a real redis-server: limit 
   that differ), keeps its lease, and the runners not yet reloaded keep serving it under the old limit;
 - the last reload makes every runner serve the pool again, under the new limit;
 - the pool is never refused everywhere, and two limits are never enforced at once;
+- a waiter refused because a Reload call removed the pool is withdrawn before its client hears of it (the
+  order runner-a writes the two in, seen by strace; skipped without it);
 - a lease that ends on a runner refusing the pool for its rules is released in Redis at once, and its waiters
   refused there are withdrawn at once (the withdrawal leaves before the refusal reaches the client): the runners still serving the pool grant the slot, rather than see it
   held (or granted to a waiter refused long ago) for as long as the rules differ.
@@ -16,8 +18,10 @@ Skipped (77) without redis-server or shared pools.
 Usage: test-shared-rolling.py BROKERD [unittest arguments]
 """
 import os
+import re
 import shutil
 import signal
+import subprocess
 import sys
 import tempfile
 
@@ -134,6 +138,63 @@ class TestSharedRolling(harness.BrokerTestCase):
         self.assertEqual((waiting.params.get("position"), waiting.params.get("queued")), (1, 1), waiting.msg)
         held.close()
         waiting.until_granted(timeout=TTL / 2)
+
+    def test_a_waiter_refused_by_a_reload_that_removes_the_pool_is_withdrawn_first(self):
+        """runner-a's waiter, refused when a Reload call removes the pool there, is withdrawn from Redis before
+        its client hears of it: the FCALL that carries the withdraw is written before the refusal (seen by
+        strace, in the order runner-a wrote them; the turn of the Reload call hands the refusal on before the
+        drain)."""
+        strace = shutil.which("strace")
+        if not strace:
+            self.skipTest("strace is not installed")
+        a, b = self.two_runners_of_one_slot()
+        held = self.acquire(b, "ci")
+        self.addCleanup(held.close)
+        held.until_granted(timeout=TTL + 20)  # the pool's first use waits its recovery window
+        refused = self.queued(a)
+
+        trace = os.path.join(self.tmp, "strace-a")
+        tracer = subprocess.Popen([strace, "-f", "-qq", "-s", "4096", "-xx", "-e", "trace=write,writev,sendmsg,sendto",
+                                   "-o", trace, "-p", str(a.pid)], stderr=subprocess.PIPE)
+        try:
+            # strace says nothing once attached: it is, once the next write of runner-a shows in its output.
+            wait_for(lambda: a.status() and os.path.exists(trace) and os.path.getsize(trace) > 0, timeout=10,
+                     message="strace to attach to runner-a")
+            if tracer.poll() is not None:
+                self.skipTest("strace cannot attach: " + tracer.stderr.read().decode(errors="replace"))
+            a.write_config(f"""\
+[broker]
+node-name = {a.name}
+revoke-grace = 1s
+
+[pool local]
+limit = 1
+
+[lane ci]
+pools = local
+policy = wait
+
+[lane now]
+pools = local
+policy = fail-fast
+""")
+            a.reload()
+            refused.until(lambda x: x.error, timeout=10, what="a's waiter refused")
+            self.assertEqual(refused.error, "io.slotbroker.Unavailable", refused.msg)
+
+            def written():
+                """What runner-a wrote, a buffer each, in order (strace -xx: every byte as \\xNN)."""
+                with open(trace) as f:
+                    return [bytes.fromhex(x.replace("\\x", "")) for x in re.findall(r'"((?:\\x[0-9a-f]{2})*)"', f.read())]
+
+            wait_for(lambda: any(b"withdraw" in w for w in written()), timeout=10,
+                     message="runner-a to send the withdraw")
+        finally:
+            tracer.terminate()
+            tracer.communicate()
+        order = [("withdraw" if b"withdraw" in w else "refusal") for w in written()
+                 if b"withdraw" in w or b"io.slotbroker.Unavailable" in w]
+        self.assertEqual(order[0], "withdraw", order)
 
     def test_a_reload_undone_before_redis_answers_refuses_nobody(self):
         """runner-a reloaded with another limit and back, both before Redis answered the first reload's heartbeat
