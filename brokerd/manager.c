@@ -938,6 +938,9 @@ static bool manager_can_hand_over(void) {
 
 static void manager_stop(Manager *m) {
         m->stopping = true;
+        /* The Status and Metrics calls waiting for their kind's rest are answered by the drain that follows: a
+         * session waiting for its reply is not handed over, it is closed. */
+        m->methods.stopping = true;
         (void) sd_notify(false, "STOPPING=1");
         /* New clients wait in the socket's backlog for the next start (systemd keeps the socket). */
         (void) sd_event_source_set_enabled(m->listen_source, SD_EVENT_OFF);

@@ -567,7 +567,7 @@ static bool view_flush(Methods *m, const View *v, usec_t now) {
         uint64_t it = views_iteration(m);
         if (it > 0 && v->pace->rendered == it && views_wake(m))
                 return false;
-        if (now < v->pace->next && views_timer_arm(m, v->pace->next))
+        if (!m->stopping && now < v->pace->next && views_timer_arm(m, v->pace->next))
                 return false;
         if (!status_settle(m))
                 return false; /* the owner's next drain answers them */

@@ -44,6 +44,7 @@ typedef struct Methods {
         sd_event_source *views_wake;    /* a dispatch for the calls that wait for the next iteration's rendering */
         sd_event_source *views_timer;   /* the end of a kind's rest (ViewPace.next) while its calls wait */
         ViewPace status_pace, metrics_pace;
+        bool stopping;                  /* the owner stops: no rest (a call waiting for one is not handed over) */
         List *answering;                /* the list whose calls a rendering is being sent to, and that text */
         SessionText *answering_text;
         /* Quarantine, Restore: may uid (with these groups) administer the pool's members (SPEC §3.6)? */

@@ -30,6 +30,7 @@ Handover:
   was down is refused at the start also when the holder's command ended meanwhile (room), not granted.
   Without brokerd.socket (brokerd binds its socket, only the stored fds are passed): an idle stop leaves the
   state alone in the store, and the next start must not take it for its listening socket.
+- A Metrics call waiting for its kind's rest at the stop is answered before the handover, not closed.
 - Half a call sent before the stop and its rest after is answered; a thousand calls whose replies were not
   read before the stop are all answered, once each, in order. Acquires that come during the restart (on an
   idle connection after STOPPING=1, on a new connection in the backlog) queue behind the waiter handed over.
@@ -748,6 +749,28 @@ class Handover(HandoverCase):
             self.assertFalse(continues)
         self.assertIsNone(reader.poll(0.3), "a reply more than the calls")
         self.assertIn("io.slotbroker", reader.call("org.varlink.service.GetInfo")["interfaces"])
+
+    def test_a_view_call_resting_at_the_stop_is_answered(self):
+        """A Metrics call that waits for its kind's rest (nine times what the last rendering took) when SIGTERM
+        comes is answered before the handover: a connection waiting for a reply cannot be handed over, and was
+        closed (its client lost its broker)."""
+        members = " ".join(f"rig-{i:04d}" for i in range(3000))
+        b = self.start_broker(CONFIG + f"\n[pool rigs]\nmembers = {members}\n\n[lane l]\npools = rigs\n")
+        first = b.connect(10)
+        self.addCleanup(first.close)
+        first.call("io.slotbroker.Metrics")  # a rendering of many members: its rest is some tenths of a second
+        resting = b.connect(10)
+        self.addCleanup(resting.close)
+        resting.send_raw(harness.Varlink.encode_call("io.slotbroker.Metrics"))
+        # A call on another connection answered after it: the loop has read the resting one's too.
+        b.status()
+        self.stop_into_store(b)
+        self.start_from_store(b)
+        try:
+            params, _ = resting.reply(10)
+        except (TimeoutError, harness.ConnectionClosed) as e:
+            self.fail(f"the Metrics call resting at the stop: {e!r}; brokerd:\n{b.log()[-3000:]}")
+        self.assertIn("slotbroker_member_grants_total", params["text"])
 
     @staticmethod
     def unread(conn):
