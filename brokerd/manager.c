@@ -420,8 +420,6 @@ static void manager_collect(Manager *m) {
 
 static void member_pending_note_retired(Manager *m, const EngineEvent *ev);
 
-/* The engine's events of what the last handler did, to sessions and leases; the engine's timer re-armed.
- * Frees nothing: a poller batch may still name closed sessions' sockets. */
 /* The engine's next event. The withdrawals of the waiters a shared pool refused here go to Redis first
  * (backend_table_send_first()), before the refusals are handed on: here, not at the drain's start, for a
  * refusal comes from a settle after a connection's turn too (a Reload call that removes the pool), from
@@ -433,6 +431,8 @@ static bool manager_pop_event(Manager *m, EngineEvent *ret) {
         return engine_pop_event(m->engine, ret);
 }
 
+/* The engine's events of what the last handler did, to sessions and leases; the engine's timer re-armed.
+ * Frees nothing: a poller batch may still name closed sessions' sockets. */
 static void manager_settle(Manager *m) {
         if (m->settling)
                 return; /* the settle on the stack hands on whatever comes meanwhile */

@@ -16,6 +16,8 @@ packages=(
         debhelper dpkg-dev bash-completion pkgconf
         # test-report loads slotctl report's page in a real browser (skipped without it): 122 MB to fetch.
         chromium
+        # test-shared-rolling watches the order in which a brokerd writes to Redis and to its client.
+        strace
 )
 missing=()
 for p in "${packages[@]}"; do
