@@ -13,14 +13,14 @@
 #include "session.h"
 #include "varlink.h"
 
-/* What the methods read and call, embedded in their owner (the Manager), which keeps it current and
- * hands it to the sessions as their call handler's userdata (SessionTable.call_userdata). */
 /* When a kind of view (Status, Metrics) was last rendered, and when it may be again (methods_views_flush()). */
 typedef struct ViewPace {
         uint64_t rendered;              /* the loop iteration of its last rendering */
         usec_t next;                    /* monotonic: not before, while callers keep asking */
 } ViewPace;
 
+/* What the methods read and call, embedded in their owner (the Manager), which keeps it current and
+ * hands it to the sessions as their call handler's userdata (SessionTable.call_userdata). */
 typedef struct Methods {
         const BrokerConfig *config;     /* the owner's, updated at reload */
         Engine *engine;
@@ -39,7 +39,7 @@ typedef struct Methods {
          * for methods_views_flush(). NULL: the engine is taken as it is (tests). */
         bool (*settle)(void *userdata);
         void *userdata;
-        sd_event *event;                /* for status_timer and views_wake */
+        sd_event *event;                /* for status_timer, views_wake and views_timer */
         sd_event_source *status_timer;  /* the first waiting Status reply's deadline; made at the first wait */
         sd_event_source *views_wake;    /* a dispatch for the calls that wait for the next iteration's rendering */
         sd_event_source *views_timer;   /* the end of a kind's rest (ViewPace.next) while its calls wait */
