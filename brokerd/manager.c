@@ -1343,6 +1343,14 @@ int manager_reload(Manager *m, ConfErrors *errors) {
         LaneAcl *acls = NULL;
         size_t n_acls = 0;
 
+        if (m->stopping) {
+                /* What is being handed over or given back to Redis stays as the stop found it, and systemd hears
+                 * no RELOADING=1/READY=1 after STOPPING=1: the next start reads the file anyway. */
+                audit_reload(&m->audit, false, "brokerd is stopping");
+                return conf_errors_add(errors, NULL, NULL,
+                                       "brokerd is stopping; its next start reads the configuration");
+        }
+
         /* MONOTONIC_USEC= is what Type=notify-reload (systemd 253) matches to the SIGHUP it sent; older managers
          * ignore it. */
         (void) sd_notifyf(false, "RELOADING=1\nMONOTONIC_USEC=%" PRIu64 "\nSTATUS=Reloading configuration…",

@@ -14,7 +14,8 @@ come up yet (the proxy holds the bytes, as a slow connect or a slow Redis would)
 - a link that does not come up within the waiter grace (5 s) refuses the requests held for it, unavailable
   (reason "backend"), as for a link lost later;
 - behind Sentinels, a waiter handed over through the fd store (the harness's stand-in) waits for the first
-  confirmation of the primary with its place, instead of being refused "unconfirmed" (exit 75).
+  confirmation of the primary with its place, instead of being refused "unconfirmed" (exit 75);
+- a SIGHUP while a stop waits for Redis is refused, logged, and leaves the file to the next start.
 
 Skipped (77) without redis-server or shared pools.
 
@@ -22,6 +23,7 @@ Usage: test-shared-start.py BROKERD SLOTCTL [unittest arguments]
 """
 import os
 import shutil
+import signal
 import subprocess
 import sys
 import tempfile
@@ -151,6 +153,22 @@ class SharedStart(harness.BrokerTestCase):
         wait_for(lambda: self.a.pool("shared")["backend"]["up"], 30, message="A's backend up")
         self.held.close()
         self.acquire(self.a, "ci").until_granted(timeout=10)
+
+    def test_a_reload_during_the_stop_is_refused(self):
+        """SIGHUP while A's stop waits for Redis to take its waiter out (the link holds the bytes): refused and
+        logged, the new file left to the next start (before: applied, and RELOADING=1 and READY=1 sent after
+        STOPPING=1)."""
+        waiter = self.job(self.a, 7)
+        self.wait_stderr(waiter, "waiting for a slot")
+        self.proxy.blackhole()
+        self.a.proc.send_signal(signal.SIGTERM)
+        wait_for(lambda: "Waiting up to" in self.a.log(), 10, message="A's stop waiting for Redis")
+        self.a.write_config(config(self.proxy.url(), "node-a") + "\n[lane extra]\npools = shared\npolicy = wait\n")
+        self.a.sighup()
+        self.assertEqual(self.a.stop(timeout=10), 0)
+        log = self.a.log()
+        self.assertIn("brokerd is stopping; its next start reads the configuration", log)
+        self.assertNotIn("Configuration reloaded", log)
 
 
 class SentinelStart(harness.BrokerTestCase):
