@@ -2929,6 +2929,23 @@ static void test_a_renewal_names_a_pool_whose_recovery_window_is_open(void **sta
         freeReplyObject(r);
 }
 
+/* A covered registration deleted by hand (anything in Redis may be written by someone else): the next renewal
+ * does not cover the pool, so the node ticks it; the pool's next call (here another node's) finds the loss
+ * and makes the pool anew under a recovery window, which grants nothing. */
+static void test_a_renewal_finds_a_covered_registration_lost(void **state) {
+        live_setup();
+        live_renew_ok(LIVE_N1, "sb:live:n1", 1);
+        freeReplyObject(redisCommand(redis, "DEL " POOL ":nodes"));
+        live_renew_ok(LIVE_N1, "sb:live:n1", 0);
+        redisReply *t = live_tick(LIVE_N2, "n2", "=");
+        assert_true(cache(t, C_RECOVERY) > 0);
+        freeReplyObject(t);
+        redisReply *a = call("submit", LIVE_N2, -1, 1, "n2", "ci", "1", "0", "0", "-1", "-1", "-", NULL);
+        assert_string_equal(status(a), "ok");
+        assert_string_not_equal(field_s(body(a), D_VERDICT), "granted");
+        freeReplyObject(a);
+}
+
 /* sb:lives and the live keys' new fields are anyone's to write: another type, members that are no node,
  * keys gone, garbage TTLs. No renewal fails; a member without a readable key is dropped and every pool of
  * the claimer named (whose it was is unknown); a live node is never reaped by it. */
@@ -5997,6 +6014,7 @@ int main(int argc, char *argv[]) {
                 L(test_a_renewals_full_read_answers_the_nodes_fingerprint),
                 L(test_a_silent_nodes_pools_are_ticked_by_one_renewal_after_its_ttl),
                 L(test_a_renewal_names_a_pool_whose_recovery_window_is_open),
+                L(test_a_renewal_finds_a_covered_registration_lost),
                 L(test_bad_lives_entries_break_nothing),
                 L(test_a_slow_renewal_widens_the_backend_clocks_gap),
                 L(test_a_renewal_every_ttl_4_widens_the_backend_clocks_gap_to_its_period),
