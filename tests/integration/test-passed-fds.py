@@ -280,31 +280,37 @@ class PassedFds(harness.BrokerTestCase):
             elapsed = time.monotonic() - start
             self.assertLess(elapsed, 1.0, f"a client waited {elapsed:.1f} s after a refused connection")
 
-    def stuck_close_then_flood(self, config, name, calls, linger=5):
+    def stuck_close_then_flood(self, config, name, calls, linger=5, method="io.slotbroker.Status", held=0):
         """brokerd with `config`, one client's lingering socket stuck in a closer's close() (linger s), then up to
-        `calls` Status calls of that client passing 4 fds each, until brokerd reads no more from it.
+        `calls` calls of `method` of that client passing 4 fds each, until brokerd reads no more from it; then
+        waits until brokerd holds `held` of their fds (the calls may still be in the socket when the sending ends).
         Returns (brokerd, its fd count before, the lingering socket, the client, the calls sent)."""
         self.stop_broker(self.b)
         b = self.broker(config + CONFIG, name)
         before = b.fd_count()
+
+        def nulls():
+            return sum(1 for what in b.fds().values() if what == "/dev/null")
+        nulls_before = nulls()
         s = LingeringSocket(linger=linger)
         self.addCleanup(s.close)
         c = b.connect()
         self.addCleanup(c.close)
-        status = Varlink.encode_call("io.slotbroker.Status")
-        pass_and_drop(c, status, [s.sock])
+        pass_and_drop(c, Varlink.encode_call("io.slotbroker.Status"), [s.sock])
         self.assertIsNone(harness.error_of(c.recv(timeout=5)))
         # A closer's thread is in close() now, up to the linger time: whatever else this uid passes waits.
         null = os.open("/dev/null", os.O_RDONLY | os.O_CLOEXEC)
         self.addCleanup(os.close, null)
+        call = Varlink.encode_call(method)
         c.sock.settimeout(2)
         sent = 0
         try:
             for _ in range(calls):
-                socket.send_fds(c.sock, [status], [null] * 4)
+                socket.send_fds(c.sock, [call], [null] * 4)
                 sent += 1
         except (socket.timeout, BlockingIOError):
             pass  # brokerd reads no more from us: the socket's buffer is full
+        wait_for(lambda: nulls() - nulls_before >= held, timeout=10, message=f"brokerd holding {held} passed fds")
         return b, before, s, c, sent
 
     def test_fds_behind_a_stuck_close_are_bounded(self):
@@ -349,8 +355,12 @@ class PassedFds(harness.BrokerTestCase):
             self.skipTest("no ss(8) to see the listening socket's backlog")
         total = 8
         bound = total + 4 + 4 + 1  # as above, with the total for the limit
+        # The total reached before another user connects (else it is simply served): a call answered at once
+        # gives its fds to the closer as it is read, and total - 1 besides the one in close() reach it. (A Status
+        # waits for the loop iteration's end, with the fds of the call read behind it.)
         b, before, s, c, sent = self.stuck_close_then_flood(f"[broker]\nmax-closing-fds = {total}\n\n",
-                                                            "closer-total", 16)
+                                                            "closer-total", 16, method="org.varlink.service.GetInfo",
+                                                            held=total - 1)
         # At the total nobody is read, and no connection accepted: another user's waits in the backlog.
         other = start_call_as(b, NOBODY, "Status", timeout=20)
         wait_for(lambda: b.fd_count() > before + bound or backlog(b.socket_path) >= 1, timeout=10,
@@ -373,8 +383,10 @@ class PassedFds(harness.BrokerTestCase):
             self.skipTest("a client of another uid needs root")
         if not shutil.which("ss"):
             self.skipTest("no ss(8) to see the listening socket's backlog")
+        # As above: the total reached before the other user connects.
         b, before, s, c, sent = self.stuck_close_then_flood("[broker]\nmax-closing-fds = 8\n\n", "closer-reload", 16,
-                                                            linger=LINGER_S)
+                                                            linger=LINGER_S, method="org.varlink.service.GetInfo",
+                                                            held=7)
         other = start_call_as(b, NOBODY, "Status", timeout=LINGER_S + 5)
         wait_for(lambda: backlog(b.socket_path) >= 1, timeout=10, message="a connection left in the backlog")
         b.write_config("[broker]\nmax-closing-fds = 1000\n\n" + CONFIG)
