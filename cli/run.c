@@ -4,6 +4,7 @@
  * (signals, --timeout, revocation; reconnecting to queue again, or to reclaim the lease, when brokerd
  * restarts under it) and exit with its status. SPEC §3.4 and §6. */
 #include <errno.h>
+#include <fcntl.h>
 #include <getopt.h>
 #include <inttypes.h>
 #include <limits.h>
@@ -42,6 +43,7 @@ static usec_t arg_timeout = USEC_INFINITY;
 static usec_t arg_kill_after = KILL_AFTER_DEFAULT;
 static usec_t arg_reclaim_for = RECLAIM_FOR_DEFAULT;
 static bool arg_if_unavailable_run = false;
+static bool arg_foreground = false;
 static char **arg_command = NULL;
 
 /* The variables a granted command gets; the same names are unset when it runs without a slot, so that
@@ -65,6 +67,8 @@ typedef struct Run {
         int pidfd;             /* the command's, for our poll() and for the broker; -EBADF without pidfds */
         int signal_fd;
         HeldCommand *command;  /* until the grant */
+        int tty_fd;            /* --foreground: our controlling terminal, or -EBADF */
+        bool terminal_given;   /* the command's group is the terminal's foreground, by us */
         sigset_t saved_mask;
         bool mask_saved;
         int exit_status;       /* >= 0 once decided */
@@ -111,6 +115,7 @@ typedef struct Run {
         ((Run) {                                                                                                   \
                 .pidfd = -EBADF,                                                                                   \
                 .signal_fd = -EBADF,                                                                               \
+                .tty_fd = -EBADF,                                                                                  \
                 .exit_status = -1,                                                                                 \
                 .next_progress = USEC_INFINITY,                                                                    \
                 .timeout_at = USEC_INFINITY,                                                                       \
@@ -137,6 +142,7 @@ static void help(void) {
                "     --reclaim-for=DURATION     Broker restarted: try this long to reconnect and reclaim\n"
                "                                the lease, or queue again if still waiting (default: 30s)\n"
                "     --if-unavailable=fail|run  Broker unreachable: exit 69, or run without a slot\n"
+               "     --foreground               Give COMMAND the terminal slotctl is in the foreground of\n"
                "  -q --quiet                    Print nothing while waiting\n"
                "     --conflict-exit-code=N     Exit N when refused (default: 75)\n"
                "     --socket=PATH              Talk to the broker at PATH\n"
@@ -153,12 +159,14 @@ static int parse_argv(int argc, char *argv[]) {
                 ARG_KILL_AFTER,
                 ARG_RECLAIM_FOR,
                 ARG_IF_UNAVAILABLE,
+                ARG_FOREGROUND,
         };
         static const struct option options[] = {
                 { "timeout", required_argument, NULL, ARG_TIMEOUT },
                 { "kill-after", required_argument, NULL, ARG_KILL_AFTER },
                 { "reclaim-for", required_argument, NULL, ARG_RECLAIM_FOR },
                 { "if-unavailable", required_argument, NULL, ARG_IF_UNAVAILABLE },
+                { "foreground", no_argument, NULL, ARG_FOREGROUND },
                 { "help", no_argument, NULL, 'h' },
                 CLI_REQUEST_OPTIONS,
                 {},
@@ -191,6 +199,9 @@ static int parse_argv(int argc, char *argv[]) {
                                 arg_if_unavailable_run = true;
                         else
                                 return log_usage("run", "--if-unavailable: expected fail or run, got \"%s\"", optarg);
+                        break;
+                case ARG_FOREGROUND:
+                        arg_foreground = true;
                         break;
                 case 'h':
                         help();
@@ -273,12 +284,44 @@ static int exit_status_of(int status) {
         return EXIT_FAILURE;
 }
 
+/* ---- the terminal (--foreground) ---- */
+
+/* Makes pgid the terminal's foreground. Called from the background (taking the terminal back), tcsetpgrp()
+ * would stop us with SIGTTOU: blocked meanwhile, as shells do. */
+static int terminal_set_foreground(int fd, pid_t pgid) {
+        sigset_t ttou, saved;
+        sigemptyset(&ttou);
+        sigaddset(&ttou, SIGTTOU);
+        (void) sigprocmask(SIG_BLOCK, &ttou, &saved);
+        int k = tcsetpgrp(fd, pgid) < 0 ? -errno : 0;
+        (void) sigprocmask(SIG_SETMASK, &saved, NULL);
+        return k;
+}
+
+/* The terminal to the command's group, if it is ours to give: slotctl is its foreground (not started with
+ * "&", not stopped and sent on with bg). */
+static void run_terminal_give(Run *r) {
+        if (r->tty_fd < 0 || r->child <= 0 || r->terminal_given || tcgetpgrp(r->tty_fd) != getpgrp())
+                return;
+        r->terminal_given = terminal_set_foreground(r->tty_fd, r->child) >= 0;
+}
+
+/* Back to our group while the command's still exists (a shell may have given it to another job since). */
+static void run_terminal_take_back(Run *r) {
+        if (!r->terminal_given)
+                return;
+        r->terminal_given = false;
+        if (r->child > 0 && tcgetpgrp(r->tty_fd) == r->child)
+                (void) terminal_set_foreground(r->tty_fd, getpgrp());
+}
+
 /* Kills what is left of the command's group and reaps the leader. The group is signalled before the
  * leader is reaped: while the leader is unreaped its pid, and so the group id, cannot be reused. */
 static int run_reap(Run *r, bool kill_leader) {
         int status = 0;
         if (r->child <= 0)
                 return -ESRCH;
+        run_terminal_take_back(r);
         if (kill_leader)
                 (void) kill(r->child, SIGKILL);
         (void) kill(-r->child, SIGKILL);
@@ -510,6 +553,7 @@ static void run_start(Run *r, BrokerLease *l, usec_t now) {
                            cli_format_duration_ms(waited, usec_sub_unsigned(now, r->wait_start) / USEC_PER_MSEC));
         }
         r->lease = l;
+        run_terminal_give(r); /* before it runs: a read of the terminal in its background would stop it */
         if (run_let_go(r, l) < 0) {
                 log_error("Out of memory.");
                 (void) run_reap(r, true);
@@ -900,15 +944,47 @@ static void run_on_broker(Run *r, usec_t now) {
 
 static void run_on_child_exit(Run *r, usec_t now);
 
-/* The command in the background of our terminal, stopped for using it: it holds the slot and runs no more
- * until it is continued or ended, which slotctl says rather than wait in silence (slotctl(1), NOTES). */
+/* --foreground: we were continued (fg, bg, or after our own stop). The command gets the terminal if we are
+ * its foreground, and goes on either way. */
+static void run_on_continue(Run *r) {
+        if (r->phase != PHASE_RUNNING && r->phase != PHASE_STOPPING)
+                return;
+        run_terminal_give(r);
+        group_kill(r, SIGCONT);
+}
+
+/* Takes a SIGCONT pending (blocked under --foreground: the signalfd reports it too). */
+static bool sigcont_take(void) {
+        sigset_t cont;
+        sigemptyset(&cont);
+        sigaddset(&cont, SIGCONT);
+        return sigtimedwait(&cont, NULL, &(struct timespec) {}) == SIGCONT;
+}
+
+/* The command stopped: it holds its slot and runs no more until it is continued or ended. With --foreground
+ * its stop is the job's, and the shell waits for slotctl, not for it: slotctl stops too (Ctrl-Z, or a read of
+ * the terminal in its background), the terminal back to its group, and once continued (fg, bg) gives it on.
+ * Otherwise, or when our stop was discarded (our group orphaned: nobody would continue us), slotctl says why
+ * the command stopped rather than wait in silence (slotctl(1), NOTES). */
 static void run_on_child_stop(Run *r) {
         siginfo_t si = {};
         if (waitid(P_PID, (id_t) r->child, &si, WSTOPPED | WNOHANG) < 0 || si.si_pid == 0 || si.si_code != CLD_STOPPED)
                 return;
-        if (si.si_status == SIGTTIN || si.si_status == SIGTTOU)
-                log_warning("the command is stopped by %s: it used the terminal, in whose background it runs (give it "
-                            "</dev/null); it holds its slot until continued or ended (Ctrl-C)",
+        bool by_terminal = si.si_status == SIGTTIN || si.si_status == SIGTTOU;
+        if (r->tty_fd >= 0 && (r->phase == PHASE_RUNNING || r->phase == PHASE_STOPPING)) {
+                run_terminal_take_back(r);
+                (void) sigcont_take();
+                /* Not SIGSTOP, which no orphaned group discards. */
+                (void) raise(by_terminal ? si.si_status : SIGTSTP);
+                if (sigcont_take() || !by_terminal) {
+                        run_on_continue(r);
+                        return;
+                }
+        }
+        if (by_terminal)
+                log_warning("the command is stopped by %s: it used the terminal, in whose background it runs (give "
+                            "it </dev/null, or run slotctl with --foreground in the terminal's foreground); it holds "
+                            "its slot until continued or ended (Ctrl-C)",
                             si.si_status == SIGTTIN ? "SIGTTIN" : "SIGTTOU");
 }
 
@@ -923,7 +999,9 @@ static void run_on_signals(Run *r, usec_t now) {
                                 run_on_child_exit(r, now); /* checks, without reaping, whether it was ours */
                         if (r->child > 0)
                                 run_on_child_stop(r);
-                } else
+                } else if (si.ssi_signo == SIGCONT)
+                        run_on_continue(r);
+                else
                         run_on_signal(r, (int) si.ssi_signo);
         }
 }
@@ -1029,6 +1107,7 @@ static void run_done(Run *r) {
         r->lease = broker_lease_free(r->lease);
         safe_close(r->pidfd);
         safe_close(r->signal_fd);
+        safe_close(r->tty_fd);
         r->command = held_command_free(r->command);
         free(r->socket_path);
         if (r->mask_saved) {
@@ -1079,6 +1158,13 @@ int verb_run(int argc, char *argv[]) {
         sigaddset(&mask, SIGHUP);
         sigaddset(&mask, SIGQUIT);
         sigaddset(&mask, SIGCHLD); /* the pidfd's stand-in where there is none */
+        if (arg_foreground) {
+                /* A stop of the command is ours to follow (shells wait for slotctl): the terminal, and whether
+                 * we are its foreground when continued. No terminal (CI): nothing to give. */
+                r.tty_fd = open("/dev/tty", O_RDWR | O_NOCTTY | O_CLOEXEC);
+                if (r.tty_fd >= 0)
+                        sigaddset(&mask, SIGCONT); /* still continues us: blocked, it is only reported too */
+        }
         if (sigprocmask(SIG_BLOCK, &mask, &r.saved_mask) < 0) {
                 log_error_errno(errno, "Failed to block signals: %m");
                 return EXIT_FAILURE;

@@ -630,6 +630,141 @@ class Signals(SlotctlTest):
         self.assertIn("lost the connection to the broker", p.stderr.read())
 
 
+class Terminal:
+    """argv in a session of its own whose controlling terminal is a pseudo-terminal (pty.fork()): as a login
+    shell's, argv[0] is the session's leader and the terminal's foreground. type() writes to it as a keyboard
+    does; expect() waits for a pattern in what the terminal showed since the last expect()."""
+
+    def __init__(self, argv, env):
+        import pty
+        self.pid, self.master = pty.fork()
+        if self.pid == 0:
+            try:
+                os.execvpe(argv[0], argv, env)
+            finally:
+                os._exit(127)
+        self.out = bytearray()
+        self.seen = 0
+        self.lock = threading.Condition()
+        self.reader = threading.Thread(target=self._read, daemon=True)
+        self.reader.start()
+
+    def _read(self):
+        while True:
+            try:
+                data = os.read(self.master, 4096)
+            except OSError:  # EIO: the session's side is closed
+                data = b""
+            with self.lock:
+                if not data:
+                    self.out += b"\0EOF"
+                    self.lock.notify_all()
+                    return
+                self.out += data
+                self.lock.notify_all()
+
+    def type(self, text):
+        os.write(self.master, text.encode())
+
+    def expect(self, pattern, timeout=10):
+        deadline = time.monotonic() + timeout
+        with self.lock:
+            while True:
+                m = re.search(pattern.encode(), self.out[self.seen:])
+                if m:
+                    self.seen += m.end()
+                    return m
+                left = deadline - time.monotonic()
+                if left <= 0 or self.out.endswith(b"\0EOF"):
+                    raise AssertionError(f"no {pattern!r} on the terminal; it showed: {bytes(self.out)!r}")
+                self.lock.wait(left)
+
+    def wait(self, timeout=10):
+        deadline = time.monotonic() + timeout
+        while True:
+            pid, status = os.waitpid(self.pid, os.WNOHANG)
+            if pid:
+                self.pid = 0
+                return os.waitstatus_to_exitcode(status)
+            if time.monotonic() > deadline:
+                raise AssertionError("the terminal's session did not end")
+            time.sleep(0.02)
+
+    def close(self):
+        if self.pid:
+            try:
+                os.killpg(self.pid, signal.SIGKILL)  # the session leader's group, and with it what it started
+            except ProcessLookupError:
+                pass
+            os.waitpid(self.pid, 0)
+            self.pid = 0
+        self.reader.join(2)
+        os.close(self.master)
+
+
+class Foreground(SlotctlTest):
+    """--foreground: the command gets the terminal slotctl is in the foreground of, as a shell's job."""
+
+    def terminal(self, argv):
+        t = Terminal(argv, self.env(PS1="$ ", TERM="dumb"))
+        self.addCleanup(t.close)
+        return t
+
+    def test_the_command_reads_from_and_sets_the_terminal(self):
+        # In the background of the terminal, `stty -echo` would stop the command (SIGTTOU) and `read` too.
+        # (R$((1+1)) and the like: what the command prints, never what the terminal echoes of a line typed.)
+        t = self.terminal([SLOTCTL, "run", "--foreground", "--lane", "merge", "--", "sh", "-c",
+                           'stty -echo && echo R$((1+1)) && read a && stty echo && echo A$((1+1)):$a'])
+        t.expect("R2")
+        t.type("hello\n")
+        t.expect("A2:hello")
+        self.assertEqual(t.wait(), 0)
+        self.broker.wait_idle()
+
+    def test_the_terminal_comes_back_when_the_command_ends(self):
+        # The shell after slotctl reads from the terminal: given back, or its read would fail (EIO: the
+        # foreground would be a group gone, and the shell's group is orphaned here).
+        t = self.terminal(["sh", "-c", f'"{SLOTCTL}" run --foreground --lane merge -- true; '
+                                       'echo R$((1+1)); read b; echo B$((1+1)):$b'])
+        t.expect("R2")
+        t.type("again\n")
+        t.expect("B2:again")
+        self.assertEqual(t.wait(), 0)
+
+    def test_ctrl_z_stops_the_job_and_fg_goes_on(self):
+        # Under an interactive shell: Ctrl-Z stops the command, and slotctl (the shell's job) with it, so the
+        # shell gets the terminal back; bg continues it in the background, where its read stops it, and the job,
+        # again (SIGTTIN); fg gives it the terminal again.
+        bash = shutil.which("bash")
+        if not bash:
+            self.skipTest("no bash for job control")
+        t = self.terminal([bash, "--norc", "--noprofile", "-i"])
+        t.expect(r"\$ ")
+        t.type("set -b\n")  # job states said at once, not at the next prompt
+        t.expect(r"\$ ")
+        t.type(f"\"{SLOTCTL}\" run --foreground --lane merge -- sh -c "
+               "'echo R$((1+1)); read a; echo A$((1+1)):$a'\n")
+        t.expect("R2")
+        t.type("\x1a")
+        t.expect("Stopped")
+        t.type("bg\n")
+        t.expect("Stopped")
+        self.assertEqual(len(self.broker.holders()), 1, "the stopped command holds its slot")
+        t.type("fg\n")
+        t.type("hello\n")
+        t.expect("A2:hello")
+        t.type('echo "S$((1+1)):$?"\n')
+        t.expect("S2:0")
+        t.type("exit\n")
+        t.wait()
+        self.broker.wait_idle()
+
+    def test_without_a_terminal_it_runs_as_without_the_option(self):
+        r = self.run_slotctl("run", "--foreground", "--lane", "merge", "--", "sh", "-c", "exit 4",
+                             start_new_session=True)
+        self.assertEqual(r.returncode, 4, r.stderr)
+
+
 class Timeouts(SlotctlTest):
     def test_timeout_kills_the_whole_group_and_exits_124(self):
         # The leader and its grandchild both ignore SIGTERM: only SIGKILL after --kill-after ends them.
