@@ -506,10 +506,6 @@ static bool methods_settle(void *userdata) {
 
 /* ---- drains and quarantines across restarts (SPEC §3.6, members.state) ---- */
 
-static usec_t mono_to_real(usec_t mono, usec_t now, usec_t now_real) {
-        return mono >= now ? usec_add(now_real, mono - now) : usec_sub_unsigned(now_real, now - mono);
-}
-
 /* A realtime instant of the past as a monotonic one: before this boot is its start (the engine's clock). */
 static usec_t real_to_mono(usec_t real, usec_t now, usec_t now_real) {
         return usec_sub_unsigned(now, usec_sub_unsigned(now_real, real));
@@ -534,7 +530,7 @@ static void member_state_add_quarantines(const EnginePoolInfo *info, MemberState
                 e[(*n)++] = (MemberStateEntry) {
                         .pool = dup_tracked(info->name, oom), .member = dup_tracked(l->member, oom),
                         .drain_until = USEC_INFINITY, .quarantined = true,
-                        .quarantine_since = l->since_real ?: mono_to_real(l->since, now, now_real),
+                        .quarantine_since = l->since_real ?: usec_mono_to_real(l->since, now, now_real),
                         .quarantine_job = dup_tracked(l->job, oom), .quarantine_exit_status = l->exit_status,
                         .quarantine_reason = dup_tracked(l->reason, oom),
                 };
@@ -546,9 +542,9 @@ static void member_state_add_drain(const EngineDrainInfo *d, MemberStateEntry *e
                                    usec_t now_real, bool *oom) {
         e[(*n)++] = (MemberStateEntry) {
                 .pool = dup_tracked(d->pool, oom), .member = dup_tracked(d->member, oom), .drained = true,
-                .drain_since = mono_to_real(d->since, now, now_real),
+                .drain_since = usec_mono_to_real(d->since, now, now_real),
                 .drain_until = d->until == USEC_INFINITY ? USEC_INFINITY :
-                               d->until_realtime ?: mono_to_real(d->until, now, now_real),
+                               d->until_realtime ?: usec_mono_to_real(d->until, now, now_real),
                 .drain_by = dup_tracked(d->who, oom), .drain_reason = dup_tracked(d->reason, oom),
                 .quarantine_exit_status = -1,
         };
@@ -695,7 +691,7 @@ static void member_pending_note_retired(Manager *m, const EngineEvent *ev) {
         MemberStateEntry q = {
                 .pool = dup_tracked(ev->pool, &oom), .member = dup_tracked(ev->member, &oom),
                 .drain_until = USEC_INFINITY, .quarantined = true,
-                .quarantine_since = mono_to_real(ev->at, now, now_real),
+                .quarantine_since = usec_mono_to_real(ev->at, now, now_real),
                 .quarantine_job = dup_tracked(ev->job, &oom), .quarantine_exit_status = ev->exit_status,
                 .quarantine_reason = dup_tracked(ev->note, &oom),
         };

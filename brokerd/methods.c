@@ -194,12 +194,12 @@ static json_t *pool_status(Methods *m, size_t i, usec_t now) {
                         continue;
                 usec_t real = now_realtime();
                 json_t *e = json_pack("{s:s*, s:I, s:s*, s:s*}", "member", d.member, "since",
-                                      (json_int_t) usec_sub_unsigned(real, usec_sub_unsigned(now, d.since)), "by",
-                                      d.who, "reason", d.reason);
+                                      (json_int_t) usec_mono_to_real(d.since, now, real), "by", d.who, "reason",
+                                      d.reason);
                 if (e && d.until != USEC_INFINITY)
                         json_object_set_new(e, "until",
                                             json_integer((json_int_t) (d.until_realtime ?:
-                                                                       usec_add(real, usec_sub_unsigned(d.until, now)))));
+                                                                       usec_mono_to_real(d.until, now, real))));
                 if (!e)
                         continue;
                 if (!d.member)

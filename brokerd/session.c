@@ -1543,7 +1543,7 @@ void session_on_engine_event(SessionTable *m, const EngineEvent *ev) {
         case ENGINE_EVENT_DRAIN: {
                 usec_t until = ev->until;
                 if (until != USEC_INFINITY) /* as it was given, else monotonic to realtime, for people */
-                        until = ev->until_realtime ?: usec_add(now_realtime(), usec_sub_unsigned(until, now_monotonic()));
+                        until = ev->until_realtime ?: usec_mono_to_real(until, now_monotonic(), now_realtime());
                 audit_drain(m->audit, ev->pool, ev->member, ev->drained, ev->job, ev->note, until, ev->expired);
                 m->changed = true;
                 break;

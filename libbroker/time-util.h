@@ -36,3 +36,9 @@ static inline usec_t usec_add(usec_t a, usec_t b) {
 static inline usec_t usec_sub_unsigned(usec_t a, usec_t b) {
         return a > b ? a - b : 0;
 }
+
+/* The realtime instant a monotonic one stands for, both clocks read at one moment (now_mono, now_real); one
+ * in the past too, as it was (never clamped to now). */
+static inline usec_t usec_mono_to_real(usec_t mono, usec_t now_mono, usec_t now_real) {
+        return mono >= now_mono ? usec_add(now_real, mono - now_mono) : usec_sub_unsigned(now_real, now_mono - mono);
+}

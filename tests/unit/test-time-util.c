@@ -217,6 +217,17 @@ static void test_usec_add_saturates_at_infinity(void **state) {
         assert_true(usec_sub_unsigned(7, 5) == 2);
 }
 
+static void test_mono_to_real_keeps_the_past_as_it_was(void **state) {
+        (void) state;
+        const usec_t mono = 50 * USEC_PER_SEC, real = 1700000000 * USEC_PER_SEC;
+        assert_int_equal(usec_mono_to_real(mono, mono, real), real);
+        assert_int_equal(usec_mono_to_real(mono + 7, mono, real), real + 7);
+        /* An instant already past is not "now": a drain's until audited after its expiry says when it was. */
+        assert_int_equal(usec_mono_to_real(mono - 3 * USEC_PER_SEC, mono, real), real - 3 * USEC_PER_SEC);
+        assert_int_equal(usec_mono_to_real(0, mono, 10), 0);
+        assert_int_equal(usec_mono_to_real(USEC_INFINITY - 1, mono, real), USEC_INFINITY);
+}
+
 static void test_clocks_do_not_go_backwards(void **state) {
         usec_t a = now_monotonic(), b = now_monotonic();
         assert_true(b >= a);
@@ -226,6 +237,7 @@ static void test_clocks_do_not_go_backwards(void **state) {
 int main(void) {
         const struct CMUnitTest tests[] = {
                 cmocka_unit_test(test_bare_number_counts_in_default_unit),
+                cmocka_unit_test(test_mono_to_real_keeps_the_past_as_it_was),
                 cmocka_unit_test(test_every_unit_and_its_spellings),
                 cmocka_unit_test(test_lowercase_m_is_minutes_and_uppercase_m_is_months),
                 cmocka_unit_test(test_components_add_up_with_or_without_spaces),
