@@ -707,7 +707,8 @@ class Foreground(SlotctlTest):
 
     def terminal(self, argv):
         try:
-            t = Terminal(argv, self.env(PS1="$ ", TERM="dumb"))
+            # LC_ALL: bash's job messages ("Stopped") in English, whatever the machine's locale.
+            t = Terminal(argv, self.env(PS1="$ ", TERM="dumb", LC_ALL="C"))
         except OSError as e:
             self.skipTest(f"no pseudo-terminal here: {e}")
         self.addCleanup(t.close)
