@@ -965,7 +965,7 @@ static bool sigcont_take(void) {
  * its stop is the job's, and the shell waits for slotctl, not for it: slotctl stops too (Ctrl-Z, or a read of
  * the terminal in its background), the terminal back to its group, and once continued (fg, bg) gives it on.
  * Otherwise, or when our stop was discarded (our group orphaned: nobody would continue us), slotctl says why
- * the command stopped rather than wait in silence (slotctl(1), NOTES). */
+ * a read or a setting of the terminal stopped the command rather than wait in silence (slotctl(1), NOTES). */
 static void run_on_child_stop(Run *r) {
         siginfo_t si = {};
         if (waitid(P_PID, (id_t) r->child, &si, WSTOPPED | WNOHANG) < 0 || si.si_pid == 0 || si.si_code != CLD_STOPPED)
@@ -976,7 +976,9 @@ static void run_on_child_stop(Run *r) {
                 (void) sigcont_take();
                 /* Not SIGSTOP, which no orphaned group discards. */
                 (void) raise(by_terminal ? si.si_status : SIGTSTP);
-                if (sigcont_take() || !by_terminal) {
+                /* Discarded: a Ctrl-Z goes on at once, as the kernel discards one sent to an orphaned group;
+                 * any other stop (SIGSTOP by hand) stays, as without --foreground. */
+                if (sigcont_take() || si.si_status == SIGTSTP) {
                         run_on_continue(r);
                         return;
                 }

@@ -763,6 +763,18 @@ class Foreground(SlotctlTest):
         t.wait()
         self.broker.wait_idle()
 
+    def test_ctrl_z_without_a_shell_goes_on(self):
+        # slotctl leads the terminal's session: no shell could continue it, so its own stop is discarded (an
+        # orphaned group), and the command, stopped by Ctrl-Z, goes on at once rather than hold its slot stopped.
+        t = self.terminal([SLOTCTL, "run", "--foreground", "--lane", "merge", "--", "sh", "-c",
+                           'echo R$((1+1)); read a; echo A$((1+1)):$a'])
+        t.expect("R2")
+        t.type("\x1a")
+        t.type("hello\n")
+        t.expect("A2:hello")
+        self.assertEqual(t.wait(), 0)
+        self.broker.wait_idle()
+
     def test_without_a_terminal_it_runs_as_without_the_option(self):
         r = self.run_slotctl("run", "--foreground", "--lane", "merge", "--", "sh", "-c", "exit 4",
                              start_new_session=True)
