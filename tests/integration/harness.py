@@ -1142,7 +1142,9 @@ class SlotctlRun:
             stderr = slave
             self.err = None
         else:
-            self.err = tempfile.TemporaryFile(mode="w+")
+            # O_APPEND: slotctl shares this file's offset, which stderr()'s seek moves; its writes go at the end
+            # all the same (with "w+" a line could land over the first ones while the test read them).
+            self.err = tempfile.TemporaryFile(mode="a+")
             stderr = self.err
         try:
             self.proc = subprocess.Popen([slotctl, "run", "--socket", socket_path, "--lane", lane, *options, "--",

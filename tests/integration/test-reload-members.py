@@ -49,7 +49,7 @@ class Run:
     def __init__(self, test, b, lane, name):
         self.test, self.b, self.name = test, b, name
         self.token = self.pool = None
-        self.err = tempfile.TemporaryFile(mode="w+")
+        self.err = tempfile.TemporaryFile(mode="a+")
         self.proc = subprocess.Popen([SLOTCTL, "run", "--socket", b.socket_path, "--lane", lane, "--job", name,
                                       "--", *test.witness.command_until_stopped(name)],
                                      stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=self.err)

@@ -97,7 +97,7 @@ class Reserve(harness.BrokerTestCase):
 
     def reserve(self, b, *args):
         """slotctl reserve in the background; its stderr in a file."""
-        err = tempfile.TemporaryFile(mode="w+")
+        err = tempfile.TemporaryFile(mode="a+")
         self.addCleanup(err.close)
         p = subprocess.Popen([SLOTCTL, "reserve", "--socket", b.socket_path, *args], stdin=subprocess.DEVNULL,
                              stdout=subprocess.PIPE, stderr=err, text=True)

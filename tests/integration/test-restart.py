@@ -70,7 +70,7 @@ class SlotctlRun:
     """`slotctl run` as a CI job runs it, stderr kept in a file."""
 
     def __init__(self, b, lane, argv, *options):
-        self.err = tempfile.TemporaryFile(mode="w+")
+        self.err = tempfile.TemporaryFile(mode="a+")
         self.proc = subprocess.Popen([SLOTCTL, "run", "--socket", b.socket_path, "--lane", lane, *options, "--",
                                       *argv], stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=self.err)
         self.pid = self.proc.pid

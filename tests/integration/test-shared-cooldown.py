@@ -179,7 +179,7 @@ class SharedCooldown(harness.BrokerTestCase):
         wait_for(lambda: "waiting for" in waiting.stderr() or waiting.proc.poll() is not None, 10,
                  message="B's job queued")
         self.assertIsNone(waiting.proc.poll(), waiting.stderr())
-        err = tempfile.TemporaryFile(mode="w+")
+        err = tempfile.TemporaryFile(mode="a+")
         self.addCleanup(err.close)
         r = subprocess.Popen([SLOTCTL, "reserve", "--socket", a.socket_path, "rigs", "--member", "rig", "--for", "1h",
                               "--reason", "debugging the rig"], stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=err,

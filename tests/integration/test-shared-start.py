@@ -49,7 +49,7 @@ class Job:
     """`slotctl run --lane ci -- sh -c 'exit STATUS'`, stderr kept in a file."""
 
     def __init__(self, b, status):
-        self.err = tempfile.TemporaryFile(mode="w+")
+        self.err = tempfile.TemporaryFile(mode="a+")
         self.proc = subprocess.Popen([SLOTCTL, "run", "--socket", b.socket_path, "--lane", "ci", "--",
                                       "sh", "-c", f"exit {status}"],
                                      stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=self.err)
