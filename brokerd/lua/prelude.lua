@@ -2959,7 +2959,7 @@ local function call_begin(keep)
         -- A renewal's key (sb:live:NODE) is no pool's: no key names for it. At 10,000 nodes each renewal's
         -- would be a new entry of KEYS_OF, 19 strings made for nothing, emptying the cache every 1,024
         -- renewals (a renewal of one pool 42–48 us warm with them, 29–35 without; README).
-        K = not string.find(P, '^sb:live:') and keys_of(P) or nil
+        K = P:sub(1, #LIVE_PREFIX) ~= LIVE_PREFIX and keys_of(P) or nil
         -- ARGV[2] is "NODE/INCARNATION/PREVIOUS,…" from brokerd (README, "One node, one identity"); a bare
         -- node id (tests of the rules alone) carries no incarnation and is never checked.
         NODE, INCARNATION, PREVIOUS = ARGV[2], nil, {}
