@@ -396,7 +396,7 @@ static bool backend_is_idle(const Backend *b) {
 
 /* An idle node's stream link rests (redis-link.h): nothing of this node's is to come in its streams, and an
  * idle connection is one of Redis's clients all the same (maxclients: 10,000 by default; its cron visits
- * each; tests/bench/README.md, "One connection an idle node"). It rests at the second idle renewal in a row (20 s or more without a lease or a
+ * each; tests/bench/README.md, "One connection an idle node"). It rests at the second idle renewal in a row (15 s or more without a lease or a
  * request: a node between two jobs keeps it), once every entry the pools know of is read, and wakes as soon
  * as a pool holds something again (backend_wake_reader()): the read goes on from the last entry read, so
  * nothing appended meanwhile is missed. A request granted at once is answered on the command link. */

@@ -86,13 +86,12 @@ local LIVE_TTL_MAX = 86400 * USEC_PER_SEC
 local LIVE_POOLS_MAX = 65536   -- bytes of a live key's pool list that a reader looks through
 local EXTEND_PAGE = 64         -- registrations re-scored from their live keys per call
 -- The backend clock's gap: a node renews every TTL/4 or so, at most every 10 s (pool-shared.h,
--- SHARED_RENEW_PERIOD_MAX), and every TTL − 10 s (TTL/2 if longer), at most 20 s, while it holds nothing
--- (SHARED_IDLE_RENEW_PERIOD_MAX),
+-- SHARED_RENEW_PERIOD_MAX), and every TTL/2, at most 15 s, while it holds nothing (SHARED_IDLE_RENEW_PERIOD_MAX),
 -- so a fleet of one node leaves gaps that long; a gap that stands still must be
 -- longer than any renewal period (plus the second its writes may lag), or the clock of a small fleet would
 -- run slow (its dead found late). A renewal says its period; sb:clock keeps the longest one's gap
 -- (CLOCK_GAP, 2 s, as before while every node renews every second; at most BCLOCK_GAP_MAX).
-local BCLOCK_GAP_MAX = 22 * USEC_PER_SEC
+local BCLOCK_GAP_MAX = 17 * USEC_PER_SEC
 local INF = 1 / 0              -- math.huge (a library may read no global at load): an unbounded budget; -1 on the wire
 
 local NODE, INCARNATION, PREVIOUS   -- call_begin()

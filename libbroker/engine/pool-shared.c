@@ -4414,8 +4414,7 @@ usec_t pool_shared_renew_period(const Pool *base) {
 
 usec_t pool_shared_idle_renew_period(const Pool *base) {
         const SharedPool *p = SHARED(base);
-        usec_t spare = MIN(p->fence_ttl / 2, SHARED_IDLE_RENEW_MARGIN);
-        usec_t period = MIN(p->fence_ttl - spare, SHARED_IDLE_RENEW_PERIOD_MAX);
+        usec_t period = MIN(p->fence_ttl / 2, SHARED_IDLE_RENEW_PERIOD_MAX);
         return MAX(period, pool_shared_renew_period(base));
 }
 

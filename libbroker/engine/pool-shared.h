@@ -166,12 +166,13 @@ typedef struct SharedPoolParams {
 #define SHARED_RENEW_PERIOD_MIN USEC_PER_SEC
 #define SHARED_RENEW_PERIOD_MAX (10 * USEC_PER_SEC)
 /* A node whose pools hold nothing (no lease, no request out or waiting) has no self-fence to feed: it renews
- * only to keep its registrations, leaving half the TTL, at most SHARED_IDLE_RENEW_MARGIN, for a renewal lost
- * to be retried (every second) before they lapse (a lapsed one costs only its pool's tick, which registers it
- * anew), at most this often (prelude.lua's BCLOCK_GAP_MAX is this + 2 s). 20 s at the defaults:
- * an idle node's cost on a cold Redis is its renewals (issue 21 item 3; tests/bench/README.md, "Stop 62"). */
-#define SHARED_IDLE_RENEW_PERIOD_MAX (20 * USEC_PER_SEC)
-#define SHARED_IDLE_RENEW_MARGIN (10 * USEC_PER_SEC)
+ * only to keep its registrations, every TTL/2 (a renewal lost leaves a second one, retried every second,
+ * before they lapse), at most this often (prelude.lua's BCLOCK_GAP_MAX is this + 2 s). Half the round trips
+ * of an idle node (issue 21 item 3), which is most of a fleet most of the time. Not longer: 20 s (10 s to
+ * spare) took ~5 µs/s off an idle node on a cold Redis, but a Redis outage or failover of 5–10 s, plus the
+ * reconnect's backoff, would then lapse the idle nodes whose renewal fell in it, and a fleet's worth of lapses
+ * is a burst of ticks as Redis comes back (tests/bench/README.md, "Stop 62"). */
+#define SHARED_IDLE_RENEW_PERIOD_MAX (15 * USEC_PER_SEC)
 /* Status snapshots are fetched every second for this long after Status last asked. */
 #define SHARED_STATUS_KEEP (30 * USEC_PER_SEC)
 
@@ -259,9 +260,8 @@ bool pool_shared_renewable(const Pool *p);
 const char *pool_shared_key(const Pool *p);
 usec_t pool_shared_renew_period(const Pool *p);
 /* Nothing of this node's here for the self-fence to guard or to wait: no lease (but lost ones), no request
- * out or waiting. A driver whose pools all hold nothing renews every pool_shared_idle_renew_period() (TTL −
- * SHARED_IDLE_RENEW_MARGIN, or TTL/2 when that is longer; at least pool_shared_renew_period(), at most
- * SHARED_IDLE_RENEW_PERIOD_MAX) instead, and at the busy period
+ * out or waiting. A driver whose pools all hold nothing renews every pool_shared_idle_renew_period() (TTL/2,
+ * at least pool_shared_renew_period(), at most SHARED_IDLE_RENEW_PERIOD_MAX) instead, and at the busy period
  * again once one holds something. */
 bool pool_shared_holds_nothing(const Pool *p);
 usec_t pool_shared_idle_renew_period(const Pool *p);

@@ -351,7 +351,7 @@ def run_config(brokerd, n, p):
         # A pool's first use opens a recovery window of one backend-node-ttl, in which the nodes call Redis
         # more often (5 brokerds x 2 pools: 12 EVALSHA/s, then 10): the window starts after it.
         time.sleep(max(0.0, t0 + NODE_TTL + SETTLE - time.monotonic()))
-        # A brokerd that holds nothing closes its stream link at its second idle renewal (20 s apart): the
+        # A brokerd that holds nothing closes its stream link at its second idle renewal (15 s apart): the
         # window starts once every one has, one connection each (or after 45 s more: a build from before
         # keeps two for good).
         t_links = time.monotonic()

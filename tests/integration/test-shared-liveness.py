@@ -9,8 +9,8 @@ redis-server, three shared pools each.
   each of them runs, in INFO commandstats: XREVRANGE a tick, PEXPIRE a renewal);
 - a node killed (SIGKILL) while it renews loses its slot at its TTL (+ 2 s), no sooner than a TTL after its
   last renewal less a second: the other node's waiter is granted then; and with nobody waiting there, its
-  slot is freed in Redis by the other node's next renewal (every TTL/2 while it holds nothing, at a TTL under
-  20 s) that finds it dead in sb:lives and has that node tick;
+  slot is freed in Redis by the other node's next renewal (every TTL/2 while it holds nothing) that finds it
+  dead in sb:lives and has that node tick;
 - an idle node's stream read (XREAD) blocks long (no request of its own out or waiting), and a grant to a
   waiter that came meanwhile ends it at once; a pool added by reload to a node holding a lease and waiting for
   nothing joins its read at once (the long read is cut short), not at the read's end;
@@ -18,8 +18,8 @@ redis-server, three shared pools each.
   client is part of an idle node's cost), and opens it again for its next request: a waiter's grant, appended
   to its stream while it was closed or after, reaches it as ever;
 - the command link's watch (INFO) goes with a busy node's renewal, pipelined: one round trip, not two; a
-  node that holds nothing renews every TTL/2 (at a TTL under 20 s), with no INFO, until its next call, which
-  takes the INFO ahead of it and the renewals back to the busy pace;
+  node that holds nothing renews every TTL/2, with no INFO, until its next call, which takes the INFO ahead
+  of it and the renewals back to the busy pace;
 - with $SLOTBROKER_OLD_BROKERD (a build from before the live keys, as test-shared-upgrade takes it): a node
   of that version ticking every second beside an idle node of this one never reaps it (a covered
   registration scores +inf), over several TTLs; skipped without it.
