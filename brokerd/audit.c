@@ -9,6 +9,7 @@
 #include <time.h>
 
 #include "audit.h"
+#include "conf.h"
 #include "history.h"
 #include "log.h"
 #include "metrics.h"
@@ -338,6 +339,17 @@ void audit_congestion(Audit *a, const char *pool, bool congested, usec_t idle) {
         journal_send(a, &f);
 }
 
+/* A member's event (a quarantine, a drain) as a history row: the member named as a request's selector names
+ * it (@NAME), so that History shows it so. */
+static void history_append_member(Audit *a, AuditRecord *r, const char *member) {
+        char selector[1 + CONF_NAME_MAX + 1];
+        snprintf(selector, sizeof selector, "@%s", member ?: "");
+        r->member = member;
+        r->selector = member ? selector : NULL;
+        if (a->history)
+                history_append(a->history, r, now_realtime());
+}
+
 void audit_member(Audit *a, const char *pool, const char *member, bool quarantined, const char *job, int exit_status,
                   const char *reason) {
         Fields f = { .n = 0 };
@@ -370,13 +382,8 @@ void audit_member(Audit *a, const char *pool, const char *member, bool quarantin
         r.pool = pool;
         r.job = job;
         r.reason = reason;
-        r.member = member;
         r.exit_status = exit_status;
-        char sel[80];
-        snprintf(sel, sizeof sel, "@%s", member ?: "");
-        r.selector = member ? sel : NULL; /* History shows the member so, as for a drain */
-        if (a->history)
-                history_append(a->history, &r, now_realtime());
+        history_append_member(a, &r, member);
 }
 
 void audit_drain(Audit *a, const char *pool, const char *member, bool drained, const char *who, const char *reason,
@@ -420,12 +427,7 @@ void audit_drain(Audit *a, const char *pool, const char *member, bool drained, c
         r.job = who;
         r.reason = reason;
         r.until = until_realtime;
-        char sel[80];
-        snprintf(sel, sizeof sel, "@%s", member ?: "");
-        r.selector = member ? sel : NULL; /* the member, as a request's selector names it */
-        r.member = member;
-        if (a->history)
-                history_append(a->history, &r, now_realtime());
+        history_append_member(a, &r, member);
 }
 
 void audit_admin_denied(Audit *a, const char *action, const char *pool, const char *member, uid_t uid, pid_t pid) {
