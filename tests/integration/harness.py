@@ -1153,6 +1153,7 @@ class SlotctlRun:
         finally:
             if tty:
                 os.close(slave)
+        self.pid = self.proc.pid
         if tty:
             self._reader = threading.Thread(target=self._read_tty, daemon=True)
             self._reader.start()

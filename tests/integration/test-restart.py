@@ -66,36 +66,6 @@ max-hold = 3s
 
 # ---- helpers ----
 
-class SlotctlRun:
-    """`slotctl run` as a CI job runs it, stderr kept in a file."""
-
-    def __init__(self, b, lane, argv, *options):
-        self.err = tempfile.TemporaryFile(mode="a+")
-        self.proc = subprocess.Popen([SLOTCTL, "run", "--socket", b.socket_path, "--lane", lane, *options, "--",
-                                      *argv], stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=self.err)
-        self.pid = self.proc.pid
-
-    def wait(self, timeout):
-        return self.proc.wait(timeout)
-
-    def stderr(self):
-        self.err.seek(0)
-        return self.err.read()
-
-    def kill(self):
-        """Kills slotctl and its command's process group (cleanup)."""
-        if self.proc.poll() is None:
-            for child in children_of(self.pid):
-                try:
-                    os.killpg(child, signal.SIGKILL)
-                except (ProcessLookupError, PermissionError):
-                    pass
-            self.proc.kill()
-            self.proc.wait()
-        self.err.close()
-        reap()
-
-
 def holders_by_id(status):
     return {h["lease"]["id"]: h for h in status["holders"]}
 
@@ -141,7 +111,7 @@ class Restart(harness.BrokerTestCase):
         return end
 
     def slotctl(self, b, lane, argv, *options):
-        run = SlotctlRun(b, lane, argv, *options)
+        run = harness.SlotctlRun(SLOTCTL, b.socket_path, lane, argv, *options)
         self.addCleanup(run.kill)
         return run
 
@@ -155,7 +125,7 @@ class Restart(harness.BrokerTestCase):
         # 3 leases held by commands that slotctl runs, 4 by plain connections, 1 detached: the pool is full.
         runs = [self.slotctl(b, "w", ["sleep", "60"], "--job", f"cmd{i}") for i in range(3)]
         by_pid = command_holders(b, 3)
-        run_of = {}  # lease id -> SlotctlRun
+        run_of = {}  # lease id -> harness.SlotctlRun
         for run in runs:
             [cmd] = children_of(run.pid)
             run_of[by_pid[cmd]["lease"]["id"]] = run

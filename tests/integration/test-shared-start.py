@@ -24,7 +24,6 @@ Usage: test-shared-start.py BROKERD SLOTCTL [unittest arguments]
 import os
 import shutil
 import signal
-import subprocess
 import sys
 import tempfile
 import time
@@ -32,7 +31,7 @@ import time
 sys.dont_write_bytecode = True
 import faults  # noqa: E402
 import harness  # noqa: E402
-from harness import VarlinkError, reap, wait_for  # noqa: E402
+from harness import VarlinkError, wait_for  # noqa: E402
 from redisd import RedisServer  # noqa: E402
 from tcpproxy import TcpProxy  # noqa: E402
 
@@ -45,25 +44,9 @@ def config(backend, node):
     return harness.shared_pool_config(backend, node, TTL)
 
 
-class Job:
+def job_run(b, status):
     """`slotctl run --lane ci -- sh -c 'exit STATUS'`, stderr kept in a file."""
-
-    def __init__(self, b, status):
-        self.err = tempfile.TemporaryFile(mode="a+")
-        self.proc = subprocess.Popen([SLOTCTL, "run", "--socket", b.socket_path, "--lane", "ci", "--",
-                                      "sh", "-c", f"exit {status}"],
-                                     stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=self.err)
-
-    def stderr(self):
-        self.err.seek(0)
-        return self.err.read()
-
-    def kill(self):
-        if self.proc.poll() is None:
-            self.proc.kill()
-            self.proc.wait()
-        self.err.close()
-        reap()
+    return harness.SlotctlRun(SLOTCTL, b.socket_path, "ci", ["sh", "-c", f"exit {status}"])
 
 
 class SharedStart(harness.BrokerTestCase):
@@ -85,7 +68,7 @@ class SharedStart(harness.BrokerTestCase):
         self.held.until_granted(timeout=TTL + 20)
 
     def job(self, b, status):
-        j = Job(b, status)
+        j = job_run(b, status)
         self.addCleanup(j.kill)
         return j
 
@@ -192,7 +175,7 @@ class SentinelStart(harness.BrokerTestCase):
         self.held.until_granted(timeout=TTL + 20)
 
     def test_waiter_handed_over_waits_for_the_first_confirmation(self):
-        waiter = Job(self.a, 7)
+        waiter = job_run(self.a, 7)
         self.addCleanup(waiter.kill)
         wait_for(lambda: "waiting for a slot" in waiter.stderr() or waiter.proc.poll() is not None, 15,
                  message="the waiter queued")
