@@ -277,6 +277,13 @@ void audit_tick(Audit *a) {
         }
 }
 
+bool audit_is_idle(const Audit *a) {
+        for (size_t k = 0; k < ELEMENTSOF(decisions); k++)
+                if (a->limits[k].suppressed > 0)
+                        return false;
+        return a->journal.n_backlog == 0;
+}
+
 /* A request's job label is any text its client sent: the journal and the history keep it as one line, each control
  * character (C1 included) and U+2028/U+2029 as '?' (conf_text_sanitize(), as a quarantine keeps it), so that no
  * label forges a line, retitles a terminal or makes journalctl show the entry as "[blob data]". A copy (*ret_job,

@@ -48,6 +48,8 @@ void audit_set_history(Audit *a, History *history);
 void audit_set_level(Audit *a, AuditLevel level);
 /* Once a second: summaries of suppressed entries, and the journal backlog. */
 void audit_tick(Audit *a);
+/* Whether audit_tick() has nothing to do: no summary owed, no entry waiting for journald. */
+bool audit_is_idle(const Audit *a);
 
 void audit_decision(Audit *a, const AuditRecord *r);
 /* The same decision about a further pool of an all-or-nothing lease (SPEC §3.5, also=): its own history row

@@ -848,6 +848,9 @@ static int reader_apply(Reader *rd, const json_t *o) {
                 r = row_from_json(v, &row);
                 if (r < 0)
                         return r;
+                /* brokerd ran when it granted it: alive marks are written only while a lease is held, so
+                 * the newest grant can be the last proof of life. */
+                rd->alive_at = MAX(rd->alive_at, row.granted_at);
                 return reader_add(rd, &row);
         } else if ((v = json_object_get(o, "end"))) {
                 if (!json_is_string(v))

@@ -23,7 +23,8 @@
  *                                                configuration lacks the pool judges the exit by them
  *   {"end":"ID"}                                 a lease ended
  *   {"token":{"pool":"P","next":N}}              a pool's next unused token ("*": every pool)
- *   {"alive":µs}                                 brokerd ran at this realtime instant
+ *   {"alive":µs}                                 brokerd ran at this realtime instant (written while it holds
+ *                                                a lease; a lease line's grantedAt is read as one too)
  *   {"rest":{"pool":"P","slot":N,"member":"M",  a released slot rests until this realtime instant (cooldown=,
  *            "until":µs}}                        SPEC §3.6); "member" only in a member pool, which names the
  *                                                slot by it; a later line of the same slot replaces it

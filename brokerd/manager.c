@@ -35,6 +35,8 @@
 #define TICK_USEC USEC_PER_SEC
 /* node_exporter scrapes every 15-60 s: fresher files would only cost writes. */
 #define METRICS_TEXTFILE_INTERVAL (15 * USEC_PER_SEC)
+/* The longest an idle brokerd's tick sleeps (manager_next_tick()). */
+#define IDLE_TICK_MAX_USEC (60 * USEC_PER_SEC)
 /* Connections accepted per wakeup of the listening socket: a connect storm cannot hold the loop. */
 #define ACCEPTS_PER_WAKEUP 64
 /* Out of fds, accepting is tried again this often even if no connection closes (other fds free too). */
@@ -46,6 +48,19 @@
  * or badly overloaded, and waiting for the link's command timeout (2 s) would only delay the stop: what is
  * not withdrawn then, Redis reaps with the node after backend-node-ttl, as before. */
 #define STOP_GIVE_BACK_MAX (1 * USEC_PER_SEC)
+
+/* Something for the tick to do within a second: a connection, a status to send, a reload's settings. */
+static void manager_wake_tick(Manager *m) {
+        uint64_t at;
+        usec_t soon = now_monotonic() + TICK_USEC;
+        if (m->tick_timer && sd_event_source_get_time(m->tick_timer, &at) >= 0 && at > soon)
+                (void) sd_event_source_set_time(m->tick_timer, soon);
+}
+
+void manager_status_changed(Manager *m) {
+        m->status_dirty = true;
+        manager_wake_tick(m);
+}
 
 void manager_random_bytes(Manager *m, void *buf, size_t n) {
         uint8_t *p = buf;
@@ -400,13 +415,13 @@ static usec_t session_fence_deadline(const char *pool, void *userdata) {
 static void on_backend_failover(const char *url, const char *previous, const char *primary, void *userdata) {
         Manager *m = userdata;
         audit_backend_failover(&m->audit, url, previous, primary);
-        m->status_dirty = true;
+        manager_status_changed(m);
 }
 
 static void on_backend_notice(const char *pool, const SharedNotice *n, void *userdata) {
         Manager *m = userdata;
         audit_backend(&m->audit, pool, n);
-        m->status_dirty = true;
+        manager_status_changed(m);
 }
 #endif
 
@@ -1188,6 +1203,28 @@ static usec_t manager_alive_interval(const Manager *m) {
         return LEASE_LOG_ALIVE_INTERVAL;
 }
 
+/* Whether the tick has nothing to do but keep time: no connection, no lease, nothing to send, report or retry. */
+static bool manager_is_idle(const Manager *m) {
+        return m->sessions.n_sessions == 0 && m->leases.n_leases == 0 && m->refused_unlogged == 0 &&
+               !m->status_dirty && !m->leases.changed && !m->sessions.changed && m->persistence.state_loaded &&
+               !m->persistence.damaged && !(m->lease_log && lease_log_is_broken(m->lease_log)) &&
+               audit_is_idle(&m->audit);
+}
+
+/* An idle brokerd sleeps until what it must do next (the metrics textfile, exit-idle-after=), a minute at most:
+ * a fleet of idle runners otherwise woke once a second each for nothing, and wrote an alive mark to disk
+ * each time (tests/bench/README.md, "Stop 63"). What makes it busy again wakes the tick (manager_wake_tick()). */
+static usec_t manager_next_tick(const Manager *m, usec_t now) {
+        if (!manager_is_idle(m))
+                return now + TICK_USEC;
+        usec_t next = now + IDLE_TICK_MAX_USEC;
+        if (m->config->metrics_textfile)
+                next = MIN(next, m->metrics.last_textfile + METRICS_TEXTFILE_INTERVAL);
+        if (!m->socket_bound_here && m->config->exit_idle_after != USEC_INFINITY)
+                next = MIN(next, usec_add(m->idle_since, m->config->exit_idle_after));
+        return MAX(next, now + TICK_USEC);
+}
+
 static int on_tick(sd_event_source *s, uint64_t usec, void *userdata) {
         Manager *m = userdata;
 
@@ -1208,11 +1245,13 @@ static int on_tick(sd_event_source *s, uint64_t usec, void *userdata) {
                 manager_load_state(m, false);
         else if (m->lease_log && lease_log_is_broken(m->lease_log) && now_monotonic() >= m->lease_log_retry_at)
                 manager_write_lease_snapshot(m);
-        else if (m->lease_log && now_monotonic() >= m->lease_log_alive_at) {
+        else if (m->lease_log && m->leases.n_leases > 0 && now_monotonic() >= m->lease_log_alive_at) {
                 /* A restart bounds a restored max-hold by this mark, whatever the wall clock says then. Leases
                  * restored into shared pools fence from it until a heartbeat is acknowledged: with marks 10 s
                  * apart a restart within a short backend-node-ttl would find the deadline passed and revoke
-                 * them at once, so a mark every tick while there are shared pools. */
+                 * them at once, so a mark every tick while there are shared pools. Only while a lease is
+                 * held: nothing else reads it, and a lease's own line is a mark (its grantedAt, read as one
+                 * by lease_log_read()) until the next tick's. */
                 m->lease_log_alive_at = now_monotonic() + manager_alive_interval(m);
                 (void) lease_log_alive(m->lease_log, now_realtime());
         }
@@ -1230,7 +1269,7 @@ static int on_tick(sd_event_source *s, uint64_t usec, void *userdata) {
                          timespan_format((char[TIMESPAN_MAX]) {}, TIMESPAN_MAX, m->config->exit_idle_after));
                 manager_stop(m);
         }
-        (void) sd_event_source_set_time_relative(s, TICK_USEC);
+        (void) sd_event_source_set_time(s, manager_next_tick(m, now));
         return 0;
 }
 
@@ -1440,6 +1479,7 @@ int manager_reload(Manager *m, ConfErrors *errors) {
         audit_reload(&m->audit, true, detail);
         (void) sd_notify(false, "READY=1");
         manager_update_status(m);
+        manager_wake_tick(m); /* metrics-textfile= or exit-idle-after= may be due sooner */
         return 0;
 }
 
@@ -1530,6 +1570,7 @@ static int manager_connection_new(Manager *m, int fd, const struct ucred *cred, 
         int r = connection_new(m->poller, fd, cred, &limits, &c);
         if (r < 0)
                 return r;
+        manager_wake_tick(m);
         return session_new(&m->sessions, c, methods_on_call, methods_on_disconnect, ret);
 }
 
@@ -1585,8 +1626,11 @@ static int on_accept(sd_event_source *s, int fd, uint32_t revents, void *userdat
                 if (manager_at_connection_limit(m, u)) {
                         /* Refused before any call, so there is nobody to answer: the client sees EOF. A storm
                          * gets its first line now and a count once a second (on_tick), not a line each. */
-                        if (m->refused_unlogged++ == 0)
-                                log_warning("Connection limit reached (uid %d); refusing a connection.", (int) cred.uid);
+                        if (m->refused_unlogged++ == 0) {
+                                log_warning("Connection limit reached (uid %d); refusing a connection.",
+                                            (int) cred.uid);
+                                manager_wake_tick(m);
+                        }
                         m->metrics.connections_refused++;
                         (void) shutdown(cfd, SHUT_RDWR); /* EOF now */
                         closer_close_socket(cfd, cred.uid);
@@ -1954,7 +1998,7 @@ static void manager_check_damage(Manager *m) {
         else if (!damaged && m->persistence.damaged)
                 log_info("%s/" STATE_DAMAGE_FILE " was removed: granting again.", m->state_directory);
         if (damaged != m->persistence.damaged)
-                m->status_dirty = true;
+                manager_status_changed(m);
         m->persistence.damaged = damaged;
 #if HAVE_REDIS
         /* Nor does Redis hand on what this node held and cannot name (manager_start() set it while unread). */

@@ -170,10 +170,8 @@ void manager_fd_released(Manager *m);
  * malloc_trim() runs at the end of the loop iteration. Returns nothing; never fails. */
 void manager_memory_freed(Manager *m, size_t bytes);
 
-/* Marks STATUS= for an update at the next tick. */
-static inline void manager_status_changed(Manager *m) {
-        m->status_dirty = true;
-}
+/* Marks STATUS= for an update at the next tick, within a second (an idle brokerd's tick is woken). */
+void manager_status_changed(Manager *m);
 
 /* The random source of the engine (userdata: the Manager) and of lease ids. */
 uint64_t manager_random(void *userdata);

@@ -1231,6 +1231,46 @@ class IdleExit(unittest.TestCase):
             time.sleep(0.1)
 
 
+def main_thread_wakeups(pid):
+    """Context switches of brokerd's event loop (its main thread) so far."""
+    n = 0
+    for line in harness.read_text(f"/proc/{pid}/task/{pid}/status").splitlines():
+        if "ctxt_switches:" in line:
+            n += int(line.split(":")[1])
+    return n
+
+
+class IdleTick(unittest.TestCase):
+    """An idle brokerd sleeps: no connection and no lease, its loop does not wake once a second (a fleet of idle
+    runners did, each wakeup caches its Redis then missed) nor writes alive marks; a lease makes it tick again."""
+
+    CONFIG = "[pool p]\nlimit=1\n[lane l]\npools=p\n"
+    WINDOW = 2.5  # seconds: two ticks and a half of a brokerd that ticks every second
+
+    def quiet_for_a_window(self, b):
+        log = os.path.join(b.state_dir, "leases.log")
+        before, size = main_thread_wakeups(b.pid), os.path.getsize(log)
+        time.sleep(self.WINDOW)  # what is asserted is that nothing happens in it
+        return main_thread_wakeups(b.pid) == before and os.path.getsize(log) == size
+
+    def test_an_idle_brokerd_sleeps_and_a_lease_wakes_its_tick(self):
+        b = Broker(self.CONFIG, mode="bound", name="brokerd-idle-tick").start()
+        self.addCleanup(b.stop)
+        wait_for(lambda: self.quiet_for_a_window(b), timeout=20, message="an idle brokerd's loop to sleep")
+        holder = b.acquire("l")
+        self.assertTrue(holder.granted, holder.msg)
+        log = os.path.join(b.state_dir, "leases.log")
+        marks = harness.read_text(log).count('{"alive":')
+        wakeups = main_thread_wakeups(b.pid)
+        # Held: the tick polls the lease's command and marks the log (every 10 s without shared pools).
+        wait_for(lambda: main_thread_wakeups(b.pid) >= wakeups + 3, timeout=10, message="ticks while a lease is held")
+        wait_for(lambda: harness.read_text(log).count('{"alive":') > marks, timeout=15,
+                 message="an alive mark while a lease is held")
+        holder.close()
+        wait_for(lambda: self.quiet_for_a_window(b), timeout=20, message="the loop to sleep again once idle")
+        self.assertTrue(b.responsive())
+
+
 if __name__ == "__main__":
     (_, VARLINK_FILE), argv = harness.arguments(__doc__, 2)
     harness.main(argv)

@@ -178,6 +178,32 @@ static void test_what_is_written_is_read(void **state) {
         history_state_done(&s);
 }
 
+/* brokerd writes alive marks only while it holds a lease (manager.c's tick): a grant after a long idle
+ * spell, then a crash before the next tick's mark, must not leave a restart with the mark of before the
+ * spell (a shared pool's restored lease would fence from it at once). The lease line says brokerd ran then. */
+static void test_a_grant_after_the_last_mark_counts_as_one(void **state) {
+        Fixture *f = *state;
+        HistoryLeaseRow a = row_a(), b = row_b("bbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbb", 7);
+        assert_int_equal(lease_log_alive(f->log, a.granted_at - 600 * USEC_PER_SEC), 0);
+        assert_int_equal(lease_log_add(f->log, &b), 0); /* granted 1 µs after a: the newest */
+        assert_int_equal(lease_log_add(f->log, &a), 0);
+        assert_int_equal(lease_log_flush(f->log), 0);
+        HistoryState s = {};
+        LeaseLogRead info;
+        read_back(f, &s, &info);
+        assert_int_equal(info.damaged, 0);
+        assert_int_equal(s.alive_at, b.granted_at);
+        history_state_done(&s);
+
+        /* A later mark is later still; an ended lease's line still said brokerd ran when it was granted. */
+        assert_int_equal(lease_log_end(f->log, b.id), 0);
+        assert_int_equal(lease_log_alive(f->log, b.granted_at + 5), 0);
+        assert_int_equal(lease_log_flush(f->log), 0);
+        read_back(f, &s, &info);
+        assert_int_equal(s.alive_at, b.granted_at + 5);
+        history_state_done(&s);
+}
+
 static void test_token_marks_outlive_their_leases(void **state) {
         Fixture *f = *state;
         HistoryLeaseRow b = row_b("bbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbb", 500);
@@ -797,6 +823,7 @@ static void test_rests_a_reload_ended_stay_ended(void **state) {
 int main(void) {
         const struct CMUnitTest tests[] = {
                 cmocka_unit_test_setup_teardown(test_what_is_written_is_read, setup, teardown),
+                cmocka_unit_test_setup_teardown(test_a_grant_after_the_last_mark_counts_as_one, setup, teardown),
                 cmocka_unit_test_setup_teardown(test_token_marks_outlive_their_leases, setup, teardown),
                 cmocka_unit_test_setup_teardown(test_torn_last_line_is_not_damage, setup, teardown),
                 cmocka_unit_test_setup_teardown(test_damaged_line_is_counted_and_skipped, setup, teardown),
