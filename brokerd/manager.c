@@ -1203,12 +1203,12 @@ static usec_t manager_alive_interval(const Manager *m) {
         return LEASE_LOG_ALIVE_INTERVAL;
 }
 
-/* Whether the tick has nothing to do but keep time: no connection, no lease, nothing to send, report or retry. */
+/* Whether the tick has nothing to do but keep time: no connection, no lease, nothing to report or retry. Asked
+ * at the tick's end, after STATUS= went (a later change wakes the tick: manager_status_changed()). */
 static bool manager_is_idle(const Manager *m) {
         return m->sessions.n_sessions == 0 && m->leases.n_leases == 0 && m->refused_unlogged == 0 &&
-               !m->status_dirty && !m->leases.changed && !m->sessions.changed && m->persistence.state_loaded &&
-               !m->persistence.damaged && !(m->lease_log && lease_log_is_broken(m->lease_log)) &&
-               audit_is_idle(&m->audit);
+               m->persistence.state_loaded && !m->persistence.damaged &&
+               !(m->lease_log && lease_log_is_broken(m->lease_log)) && audit_is_idle(&m->audit);
 }
 
 /* An idle brokerd sleeps until what it must do next (the metrics textfile, exit-idle-after=), a minute at most:
