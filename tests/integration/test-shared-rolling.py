@@ -129,9 +129,14 @@ class TestSharedRolling(harness.BrokerTestCase):
         self.assertEqual((refused.error, refused.params.get("reason")), ("io.slotbroker.Unavailable", "rules"),
                          refused.msg)
         # The withdrawal left runner-a before the refusal did: frozen now, it cannot send it any more, and
-        # runner-b's waiter is still alone in the queue.
+        # runner-b's waiter is alone in the queue. Redis reads its clients in its own order, not in the order
+        # they wrote (a withdraw in its socket buffer may come after a later submit of runner-b's when Redis
+        # was off the CPU meanwhile): the queue is waited for to empty first, which it never does if the
+        # withdrawal had not left (not until runner-b reaps frozen runner-a, a TTL on: the wait is shorter).
         os.kill(a.proc.pid, signal.SIGSTOP)
         try:
+            wait_for(lambda: self.redis.call("HLEN", "{sb:grid}:w") == 0, timeout=TTL / 3,
+                     message="the refused waiter's withdrawal, written before runner-a froze, to reach Redis")
             waiting = self.queued(b)
         finally:
             os.kill(a.proc.pid, signal.SIGCONT)
