@@ -298,6 +298,13 @@ def reference(r, n, pools, base, node_only):
     return per_node
 
 
+def print_dead(brokers):
+    """The end of each dead brokerd's log, on standard error (a run that failed)."""
+    for b in brokers:
+        if not b.alive():
+            print(f"--- {b.name} exited {b.proc.returncode}:\n{b.log()[-2000:]}", file=sys.stderr)
+
+
 def stop_brokers(brokers):
     for b in brokers:
         if b.alive():
@@ -399,14 +406,21 @@ def run_config(brokerd, n, p):
               f"{node * 10000 * 100:.0f} % for 10,000 brokerds; load average {load()}", flush=True)
         return True
     except BaseException:
-        for b in brokers:
-            if not b.alive():
-                print(f"--- {b.name} exited {b.proc.returncode}:\n{b.log()[-2000:]}", file=sys.stderr)
+        print_dead(brokers)
         raise
     finally:
         stop_brokers(brokers)
         r.close()
         shutil.rmtree(tmp, ignore_errors=True)
+
+
+def cannot_run():
+    """Why a fleet cannot be run here (no redis-server, no shared pools in $BROKERD), or None."""
+    if redisd.REDIS_SERVER is None:
+        return "redis-server is not installed"
+    import faults
+    built, why = faults.shared_pools_built()
+    return None if built else why
 
 
 def main():
@@ -415,12 +429,8 @@ def main():
     brokerd = os.path.abspath(sys.argv[1])
     os.environ["BROKERD"] = brokerd
     configs = sys.argv[2:] or ["100x10", "20x20"]
-    if redisd.REDIS_SERVER is None:
-        print("SKIP: redis-server is not installed")
-        return 77
-    import faults
-    built, why = faults.shared_pools_built()
-    if not built:
+    why = cannot_run()
+    if why:
         print(f"SKIP: {why}")
         return 77
     import resource
