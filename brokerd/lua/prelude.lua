@@ -2868,7 +2868,7 @@ local function pool_renew(what)
         if not R.canon then
                 -- The lanes' keys are found by the rules the caller wants, when the stored ones are gone.
                 local wanted = redis.call('HGET', k_node(NODE), 'rules')
-                rules = wanted and rules_from(canon_parse(wanted)) or {}
+                rules = wanted and wanted ~= '*' and rules_from(canon_parse(wanted)) or {}
         end
         pool_wipe(rules)
         for _, f in ipairs({ 'in_use', 'waiting', 'leases', 'drained_free', 'congested', 'phase', 'running',

@@ -6,7 +6,8 @@
 --
 -- KEYS  [1] "{sb:POOL}"
 -- ARGV  [1..5] the head (README)   [6] node name   [7] the rules canon the node wants ("=": as in its
---       last tick)   [8] fp_n   [9] fp_x   [10] fp_s (the node's fingerprint of its records)
+--       last tick; "*": whatever is stored, from a node that no longer configures the pool but holds a
+--       lease there)   [8] fp_n   [9] fp_x   [10] fp_s (the node's fingerprint of its records)
 --       (not used here: the node compares them with the reply's; they make a MONITOR trace show both)
 --       [11] token floor ("-": none; else tokens continue above floor − 1: the node sends it with every
 --       tick, one above the highest token it passed on)   [12] a new epoch (random
@@ -15,14 +16,15 @@
 --       for its leases (its state directory unread, or damaged: SPEC §3.4)   [14] page_lo   [15] page_hi
 --       ("": no reconcile; "-"/"+": open ends)   [16…] the node's rids in [page_lo, page_hi], at most
 --       RECONCILE_PAGE
--- Decides: a wanted canon that is not rules (prelude.lua, rules_from(); "=": the node hash's) → "canon",
+-- Decides: a wanted canon that is not rules (prelude.lua, rules_from(); "=": the node hash's; "*": the
+--       stored one, else as "=") → "canon",
 --       nothing else done. No meta.epoch → the pool is new or Redis lost it: whatever else of it Redis still
 --       has is dropped (prelude.lua, pool_wipe()), and its keys are made with the caller's epoch,
 --       clock mode (manual iff ARGV[3] is a number) and, in the redis clock mode, a recovery window of one
 --       node TTL (no node can tell a new pool from a lost one); no stored rules → the caller's canon is
 --       stored. Then every earlier instant is settled (dead nodes reaped in pages: "settling" before the
 --       heartbeat counts if the budget runs out). Agreement: the wanted canon equal to the stored one →
---       ok; else adopted when every other live node wants it too (held slots laid out again at once, a
+--       ok; else adopted when every other live node wants it too, or wants "*" (held slots laid out again at once, a
 --       removed lane's waiters refused and a re-prioritised lane's waiters moved by a job that runs at
 --       the start of instants, SETTLE_MAX per call: no other adoption while it runs); else "rules" with
 --       the differing keys. The node's deadline becomes now + TTL either way
@@ -126,13 +128,18 @@ end
 -- The wanted canon becomes the pool's when every other live node wants it too (memo §4.8). What it
 -- changes is applied as pool-local.c:local_configure() does: held slots laid out again, a removed
 -- lane's waiters refused, a re-prioritised lane's waiters moved (those two as a job: prelude.lua,
--- rekey_step(), at this instant). While such a job runs no other change is adopted.
+-- rekey_step(), at this instant). While such a job runs no other change is adopted. A node that wants "*"
+-- (it removed the pool from its configuration and still holds a lease there) holds no change back: its
+-- lease lives under whatever rules the others agree on, as any lease does across an adoption.
 local function agree(canon)
         if canon == R.canon then return 'ok', {} end
         local wanted = canon_parse(canon)
         local diff = differing_keys(canon_parse(R.canon), wanted)
         for _, other in ipairs(redis.call('ZRANGEBYSCORE', K.nodes, '(' .. istr(now), '+inf')) do
-                if other ~= NODE and redis.call('HGET', k_node(other), 'rules') ~= canon then return 'rules', diff end
+                if other ~= NODE then
+                        local theirs = redis.call('HGET', k_node(other), 'rules')
+                        if theirs ~= canon and theirs ~= '*' then return 'rules', diff end
+                end
         end
         if redis.call('EXISTS', K.rekey) == 1 then return 'rules', diff end
 
@@ -213,9 +220,11 @@ local function tick()
         if early_reply then return early_reply end
 
         local canon = CANON_ARG
-        if canon == '=' then
+        local any = canon == '*'
+        if any then canon = R.canon end
+        if canon == '=' or not canon then
                 canon = redis.call('HGET', k_node(NODE), 'rules')
-                if not canon then return early('canon') end
+                if not canon or canon == '*' then return early('canon') end
         end
         -- A canon that is not rules (prelude.lua, rules_from(): the node hash's, written by hand) is none of the
         -- node's: it is never stored, adopted or parsed below.
@@ -258,7 +267,8 @@ local function tick()
         -- Written when they change: a heartbeat rewrote the canon (and replicated it) every second.
         local held, set = redis.call('HMGET', k_node(NODE), 'name', 'rules', 'inc', 'since'), {}
         if held[1] ~= NAME then set[#set + 1] = 'name'; set[#set + 1] = NAME end
-        if held[2] ~= canon then set[#set + 1] = 'rules'; set[#set + 1] = canon end
+        local wants = any and '*' or canon -- what the other nodes' agree() reads
+        if held[2] ~= wants then set[#set + 1] = 'rules'; set[#set + 1] = wants end
         if INCARNATION and held[3] ~= INCARNATION then set[#set + 1] = 'inc'; set[#set + 1] = INCARNATION end
         if not held[4] then set[#set + 1] = 'since'; set[#set + 1] = now end
         if #set > 0 then redis.call('HSET', k_node(NODE), unpack(set)) end

@@ -944,6 +944,14 @@ static int rid_cmp(const void *a, const void *b) {
         return strcmp(*(const char *const *) a, *(const char *const *) b);
 }
 
+/* What a tick says this node wants of the rules (tick.lua's ARGV[7]): its canon while it configures the pool;
+ * "*" (whatever is stored) while it does not — a pool a reload removed that still holds a lease, or one made
+ * at a restart only to hold the leases restored into it: such a node holds no rule change of the others back
+ * for as long as its lease lasts, and asks nothing of the rules itself (no submit). */
+static const char *tick_wanted_rules(const SharedPool *p) {
+        return p->base.retired || !p->canon ? "*" : p->canon;
+}
+
 static int queue_tick(SharedPool *p, bool run, usec_t now) {
         Call *c;
         int r = call_new(p, SHARED_SCRIPT_TICK, run || op_settles(p), now, &c);
@@ -956,9 +964,7 @@ static int queue_tick(SharedPool *p, bool run, usec_t now) {
         char epoch[17];
         snprintf(epoch, sizeof epoch, "%016" PRIx64, p->params.random(p->params.random_userdata));
         if ((r = call_add(c, "%s", p->params.node_name)) < 0 ||
-            /* "=": the rules this node last wanted, as Redis keeps them; a pool made at a restart only to
-             * hold the leases restored into it (never configured) wants nothing new. */
-            (r = call_add(c, "%s", p->canon ?: "=")) < 0 ||
+            (r = call_add(c, "%s", tick_wanted_rules(p))) < 0 ||
             (r = call_add(c, "%" PRIu64, p->fp.n)) < 0 ||
             (r = call_add(c, "%" PRIu32, p->fp.x)) < 0 ||
             (r = call_add(c, "%" PRIu32, p->fp.s)) < 0 ||
@@ -3257,7 +3263,8 @@ static void call_done(SharedPool *p, uint64_t id, int error, const RespValue *re
                 notice_push(p, SHARED_NOTICE_IDENTITY_CLEARED, NULL, NULL, 0, 0);
         }
         if (c->script == SHARED_SCRIPT_TICK && resp_is(status, "canon")) {
-                /* A tick with "=" and Redis has no rules of this node: it was reaped, its leases with it.
+                /* A tick with "=" (or "*" and no stored rules) and Redis has no rules of this node: it was
+                 * reaped, its leases with it.
                  * Nothing is sent (the restored leases fence from the daemon's last alive mark); what it
                  * owes is not owed any more. */
                 state_set(p, SHARED_STATE_MISMATCH);
@@ -3626,7 +3633,9 @@ static void shared_configure_commit(Pool *base, PoolStaged *s, usec_t now) {
         p->base.queue_timeout = c->queue_timeout;
         p->congestion_timeout_set = c->congestion_timeout_set;
         p->congestion_timeout = c->congestion_timeout;
-        if (p->base.retired || !p->canon)
+        /* A pool taken back wants its rules again at once ("*" before): submits behind the tick find them. */
+        bool taken_back = p->base.retired || !p->canon;
+        if (taken_back)
                 p->gauge_from = now;
         p->base.retired = false;
         /* backend-node-ttl= by reload: a rule (in the canon), and the self-fence's arithmetic at once for the
@@ -3635,7 +3644,7 @@ static void shared_configure_commit(Pool *base, PoolStaged *s, usec_t now) {
                 p->fence_ttl = MIN(p->fence_ttl, s->ttl);
                 p->params.node_ttl = s->ttl;
         }
-        bool changed = !p->canon || !streq(p->canon, s->canon);
+        bool changed = taken_back || !streq(p->canon, s->canon);
         free(p->canon);
         p->canon = TAKE_PTR(s->canon);
         shared_configure_abort(base, s);
@@ -3657,6 +3666,10 @@ static void shared_retire(Pool *base, usec_t now) {
         /* NULL reason: the engine says "removed", as for an in-process pool. */
         refuse_all_tries(p, NULL, now);
         congestion_set(p, false, now);
+        /* Its leases stay until they end; a tick says at once that it wants "*" now, so that the rule changes
+         * the other nodes agree on meanwhile are not held back by a pool this node no longer configures. */
+        if (p->link_up && queue_tick(p, false, now) < 0)
+                p->tick_wanted = true;
 }
 
 static bool lane_is_configured(const SharedPool *p, const char *lane) {

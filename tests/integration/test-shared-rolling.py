@@ -201,6 +201,55 @@ policy = fail-fast
                  if b"withdraw" in w or b"io.slotbroker.Unavailable" in w]
         self.assertEqual(order[0], "withdraw", order)
 
+    def test_a_runner_that_removed_the_pool_holds_no_rule_change_back(self):
+        """runner-a removes the pool from its configuration while its job still holds a lease there: it keeps the
+        lease, and wants whatever rules the others agree on ("*"), so runner-b and runner-c change the limit 2 → 3
+        and serve it under the new limit at once, not when runner-a's job ends."""
+        a, b, c = (self.broker(config(self.redis.url(), name, 2), name) for name in ("runner-a", "runner-b", "runner-c"))
+        for x in (a, b, c):
+            self.wait_served(x)
+        held = self.acquire(a, "ci")
+        self.addCleanup(held.close)
+        held.until_granted(timeout=TTL + 20)  # the pool's first use waits its recovery window
+        a.write_config(f"""\
+[broker]
+node-name = {a.name}
+revoke-grace = 1s
+
+[pool local]
+limit = 1
+
+[lane ci]
+pools = local
+policy = wait
+
+[lane now]
+pools = local
+policy = fail-fast
+""")
+        a.reload()
+        wait_for(lambda: "grid" not in [p["name"] for p in a.status()["pools"]] or a.pool("grid").get("retired"),
+                 timeout=10, message="runner-a to drop the pool from its configuration")
+
+        self.reload_with(b, 3)
+        self.refused_for_rules(b)  # runner-c still wants 2
+        self.reload_with(c, 3)
+        for x in (b, c):
+            wait_for(lambda: self.backend(x).get("up") and not self.backend(x).get("unavailable"), timeout=10,
+                     message=f"{x.name} to serve the pool under the rules runner-b and runner-c agree on")
+        # Limit 3 with runner-a's lease counted: two more slots, then busy.
+        more = [self.acquire(x, "now") for x in (b, c)]
+        for r in more:
+            self.addCleanup(r.close)
+            r.until_granted(timeout=10)
+        self.busy(b)
+        self.assertIn(held.lease["id"], [h["lease"]["id"] for h in a.status()["holders"]])
+        # runner-a's job ends: its slot is free under the new rules.
+        held.close()
+        r = self.acquire(c, "ci")
+        self.addCleanup(r.close)
+        r.until_granted(timeout=TTL / 2)
+
     def test_a_reload_undone_before_redis_answers_refuses_nobody(self):
         """runner-a reloaded with another limit and back, both before Redis answered the first reload's heartbeat
         (Redis stopped): that answer, "rules", is of rules runner-a no longer wants, and refuses none of its

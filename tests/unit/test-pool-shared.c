@@ -1298,16 +1298,41 @@ static void test_a_release_is_owed_until_answered(void **state) {
         PoolInfo info;
         f->pool->ops->info(f->pool, S(2), &info);
         assert_false(info.owes);
+        /* Removed from the configuration, it wants whatever rules are stored from now on ("*"), at once: the
+         * other nodes' rule changes are not held back by its lease. */
+        const SharedCall *c = take(f, SHARED_SCRIPT_TICK);
+        assert_string_equal(arg(c, 7), "*");
+        done(f, c, reply("ok", S(2), tick_body("ok", EMPTY, 0, 0, 0, ""), EMPTY, cache(1, 0, 0, -1, "")), S(2), S(2));
         f->pool->ops->release(f->pool, f->seen[0].grant, S(3));
         f->pool->ops->info(f->pool, S(3), &info);
         assert_int_equal(info.in_use, 0);
         assert_true(info.owes);
-        const SharedCall *c = take(f, SHARED_SCRIPT_RELEASE);
+        c = take(f, SHARED_SCRIPT_RELEASE);
         f->pool->ops->info(f->pool, S(3), &info);
         assert_true(info.owes); /* in flight */
         done(f, c, reply("ok", S(3), arr(1, str("released")), EMPTY, cache(0, 0, 0, -1, "")), S(3), S(3));
         f->pool->ops->info(f->pool, S(3), &info);
         assert_false(info.owes);
+}
+
+/* A pool a reload removed and a later reload brings back with the same rules, its lease held all along: it wants
+ * them again at once, not "*" until its next heartbeat (a request made meanwhile would be answered "rules" by
+ * Redis: its node wants no rules). */
+static void test_a_pool_taken_back_wants_its_rules_again_at_once(void **state) {
+        Fixture *f = *state;
+        bring_up(f, S(1));
+        int cookie;
+        char rid[17];
+        granted(f, &cookie, S(1), rid);
+        f->pool->ops->retire(f->pool, S(2));
+        const SharedCall *c = take(f, SHARED_SCRIPT_TICK);
+        assert_string_equal(arg(c, 7), "*");
+        done(f, c, reply("ok", S(2), tick_body("ok", EMPTY, 0, 0, 0, ""), EMPTY, cache(1, 0, 0, -1, "")), S(2), S(2));
+        PoolConfig same = { .name = (char *) "grid", .limit = 2, .max_queue = -1 };
+        PoolLaneRule rules[] = { { .lane = "ci", .priority = 0, .max_in_use = -1 } };
+        assert_int_equal(pool_configure(f->pool, &same, rules, 1, S(3)), 0);
+        c = take(f, SHARED_SCRIPT_TICK);
+        assert_non_null(strstr(arg(c, 7), "limit=2\n"));
 }
 
 static void test_intents_are_replayed_in_order_after_a_reconnect(void **state) {
@@ -4739,6 +4764,7 @@ int main(void) {
                 T(test_fence_deadline_from_the_last_acknowledged_heartbeat),
                 T(test_node_ttl_by_reload_fences_on_the_shorter_until_agreed),
                 T(test_a_release_is_owed_until_answered),
+                T(test_a_pool_taken_back_wants_its_rules_again_at_once),
                 T(test_revoke_grace_by_reload_moves_the_fence),
                 T(test_renew_period_is_a_quarter_of_the_ttl_within_a_third_of_the_fence_window),
                 T(test_a_pool_that_holds_nothing_renews_every_half_ttl),

@@ -544,6 +544,33 @@ static void test_rules_mismatch_names_the_keys_then_adoption(void **state) {
         tick_ok("n2", 3000, "=");
 }
 
+/* A node that removed the pool from its configuration and still holds a lease there wants "*": whatever rules
+ * are stored. It holds no adoption back (the others agree without it), its ticks stay "ok" under the rules they
+ * adopt, and it asks for nothing under them (its submit: "rules"). With no rules stored and none of its own
+ * left, it is answered "canon". */
+static void test_a_node_that_wants_any_rules_holds_no_adoption_back(void **state) {
+        tick_ok("n1", 1000, CANON_ONE_LANE "limit=2\n");
+        tick_ok("n2", 1000, CANON_ONE_LANE "limit=2\n");
+        tick_ok("n3", 1000, "*");
+        redisReply *t = tick_as("n1", 2000, CANON_ONE_LANE "limit=3\n");
+        assert_string_equal(status(t), "rules"); /* n2 still wants 2 */
+        freeReplyObject(t);
+        t = tick_as("n2", 3000, CANON_ONE_LANE "limit=3\n");
+        assert_string_equal(status(t), "ok"); /* n3's "*" is no vote against */
+        assert_int_equal(cache(t, C_LIMIT), 3);
+        freeReplyObject(t);
+        tick_ok("n1", 3000, "=");
+        tick_ok("n3", 4000, "*");
+        redisReply *s = call("submit", "n3", 4000, 0, "x", "ci", "1", "1", "0", "-1", "-1", "-", NULL);
+        assert_string_equal(status(s), "rules");
+        freeReplyObject(s);
+        /* With the stored rules gone (deleted by hand), "*" has nothing to stand for. */
+        freeReplyObject(redisCommand(redis, "DEL " POOL ":rules"));
+        t = tick_as("n3", 5000, "*");
+        assert_string_equal(status(t), "canon");
+        freeReplyObject(t);
+}
+
 /* FNV-1a 32, as pool-shared.c will compute it. */
 static uint32_t fnv1a32(const char *s) {
         uint32_t h = 2166136261u;
@@ -5946,6 +5973,7 @@ int main(int argc, char *argv[]) {
                 T(test_manual_now_never_goes_back),
                 T(test_a_new_redis_clock_pool_starts_with_a_recovery_window),
                 T(test_rules_mismatch_names_the_keys_then_adoption),
+                T(test_a_node_that_wants_any_rules_holds_no_adoption_back),
                 T(test_adopted_rules_move_and_refuse_waiters),
                 T(test_adopted_members_lay_held_slots_out_again),
                 T(test_fingerprints_equal_the_c_implementation),
