@@ -55,6 +55,26 @@ policy = fail-fast
 """
 
 
+def local_only_config(node):
+    """node's configuration once the shared pool is removed from it: its lanes on a local pool instead."""
+    return f"""\
+[broker]
+node-name = {node}
+revoke-grace = 1s
+
+[pool local]
+limit = 1
+
+[lane ci]
+pools = local
+policy = wait
+
+[lane now]
+pools = local
+policy = fail-fast
+"""
+
+
 class TestSharedRolling(harness.BrokerTestCase):
     def setUp(self):
         faults.skip_unless_shared_pools(self)
@@ -93,6 +113,19 @@ class TestSharedRolling(harness.BrokerTestCase):
         for x in (a, b):
             self.wait_served(x, nodes=2)
         return a, b
+
+    def three_runners_of_two_slots(self):
+        a, b, c = (self.broker(config(self.redis.url(), name, 2), name) for name in ("runner-a", "runner-b", "runner-c"))
+        for x in (a, b, c):
+            self.wait_served(x)
+        return a, b, c
+
+    def first_lease(self, b):
+        """The pool's first lease, on b (closed at the test's end)."""
+        held = self.acquire(b, "ci")
+        self.addCleanup(held.close)
+        held.until_granted(timeout=TTL + 20)  # the pool's first use waits its recovery window
+        return held
 
     def queued(self, b):
         """A request of lane ci on b, queued."""
@@ -167,22 +200,7 @@ class TestSharedRolling(harness.BrokerTestCase):
                      message="strace to attach to runner-a")
             if tracer.poll() is not None:
                 self.skipTest("strace cannot attach: " + tracer.stderr.read().decode(errors="replace"))
-            a.write_config(f"""\
-[broker]
-node-name = {a.name}
-revoke-grace = 1s
-
-[pool local]
-limit = 1
-
-[lane ci]
-pools = local
-policy = wait
-
-[lane now]
-pools = local
-policy = fail-fast
-""")
+            a.write_config(local_only_config(a.name))
             a.reload()
             refused.until(lambda x: x.error, timeout=10, what="a's waiter refused")
             self.assertEqual(refused.error, "io.slotbroker.Unavailable", refused.msg)
@@ -205,28 +223,9 @@ policy = fail-fast
         """runner-a removes the pool from its configuration while its job still holds a lease there: it keeps the
         lease, and wants whatever rules the others agree on ("*"), so runner-b and runner-c change the limit 2 → 3
         and serve it under the new limit at once, not when runner-a's job ends."""
-        a, b, c = (self.broker(config(self.redis.url(), name, 2), name) for name in ("runner-a", "runner-b", "runner-c"))
-        for x in (a, b, c):
-            self.wait_served(x)
-        held = self.acquire(a, "ci")
-        self.addCleanup(held.close)
-        held.until_granted(timeout=TTL + 20)  # the pool's first use waits its recovery window
-        a.write_config(f"""\
-[broker]
-node-name = {a.name}
-revoke-grace = 1s
-
-[pool local]
-limit = 1
-
-[lane ci]
-pools = local
-policy = wait
-
-[lane now]
-pools = local
-policy = fail-fast
-""")
+        a, b, c = self.three_runners_of_two_slots()
+        held = self.first_lease(a)
+        a.write_config(local_only_config(a.name))
         a.reload()
         wait_for(lambda: "grid" not in [p["name"] for p in a.status()["pools"]] or a.pool("grid").get("retired"),
                  timeout=10, message="runner-a to drop the pool from its configuration")
@@ -270,12 +269,8 @@ policy = fail-fast
         self.assertNotIn("RULES_MISMATCH", a.log())
 
     def test_rolling_limit_change(self):
-        a, b, c = (self.broker(config(self.redis.url(), name, 2), name) for name in ("runner-a", "runner-b", "runner-c"))
-        for x in (a, b, c):
-            self.wait_served(x)
-        held_a = self.acquire(a, "ci")
-        self.addCleanup(held_a.close)
-        held_a.until_granted(timeout=TTL + 20)  # the pool's first use waits its recovery window
+        a, b, c = self.three_runners_of_two_slots()
+        held_a = self.first_lease(a)
         held_b = self.acquire(b, "ci")
         self.addCleanup(held_b.close)
         held_b.until_granted(timeout=10)

@@ -1286,28 +1286,34 @@ static void test_revoke_grace_by_reload_moves_the_fence(void **state) {
         assert_int_equal(pool_shared_fence_deadline(f->pool), S(1000) + TTL - S(12) - S(2));
 }
 
-/* A retired pool whose last lease ended owes Redis the release until it is answered (issue 19 f): the
- * engine frees it only then. */
-static void test_a_release_is_owed_until_answered(void **state) {
-        Fixture *f = *state;
+/* The pool up, one lease granted (its cookie, its rid), then removed from the configuration at S(2): its leases
+ * stay, and it wants whatever rules are stored from then on ("*"), said at once by a tick (answered here), so
+ * that the other nodes' rule changes are not held back by its lease. */
+static void retired_holding_one(Fixture *f, int *cookie, char rid[static 17]) {
         bring_up(f, S(1));
-        int cookie;
-        char rid[17];
-        granted(f, &cookie, S(1), rid);
+        granted(f, cookie, S(1), rid);
         f->pool->ops->retire(f->pool, S(2));
         PoolInfo info;
         f->pool->ops->info(f->pool, S(2), &info);
         assert_false(info.owes);
-        /* Removed from the configuration, it wants whatever rules are stored from now on ("*"), at once: the
-         * other nodes' rule changes are not held back by its lease. */
         const SharedCall *c = take(f, SHARED_SCRIPT_TICK);
         assert_string_equal(arg(c, 7), "*");
         done(f, c, reply("ok", S(2), tick_body("ok", EMPTY, 0, 0, 0, ""), EMPTY, cache(1, 0, 0, -1, "")), S(2), S(2));
+}
+
+/* A retired pool whose last lease ended owes Redis the release until it is answered (issue 19 f): the
+ * engine frees it only then. */
+static void test_a_release_is_owed_until_answered(void **state) {
+        Fixture *f = *state;
+        int cookie;
+        char rid[17];
+        retired_holding_one(f, &cookie, rid);
+        PoolInfo info;
         f->pool->ops->release(f->pool, f->seen[0].grant, S(3));
         f->pool->ops->info(f->pool, S(3), &info);
         assert_int_equal(info.in_use, 0);
         assert_true(info.owes);
-        c = take(f, SHARED_SCRIPT_RELEASE);
+        const SharedCall *c = take(f, SHARED_SCRIPT_RELEASE);
         f->pool->ops->info(f->pool, S(3), &info);
         assert_true(info.owes); /* in flight */
         done(f, c, reply("ok", S(3), arr(1, str("released")), EMPTY, cache(0, 0, 0, -1, "")), S(3), S(3));
@@ -1320,18 +1326,13 @@ static void test_a_release_is_owed_until_answered(void **state) {
  * Redis: its node wants no rules). */
 static void test_a_pool_taken_back_wants_its_rules_again_at_once(void **state) {
         Fixture *f = *state;
-        bring_up(f, S(1));
         int cookie;
         char rid[17];
-        granted(f, &cookie, S(1), rid);
-        f->pool->ops->retire(f->pool, S(2));
-        const SharedCall *c = take(f, SHARED_SCRIPT_TICK);
-        assert_string_equal(arg(c, 7), "*");
-        done(f, c, reply("ok", S(2), tick_body("ok", EMPTY, 0, 0, 0, ""), EMPTY, cache(1, 0, 0, -1, "")), S(2), S(2));
+        retired_holding_one(f, &cookie, rid);
         PoolConfig same = { .name = (char *) "grid", .limit = 2, .max_queue = -1 };
         PoolLaneRule rules[] = { { .lane = "ci", .priority = 0, .max_in_use = -1 } };
         assert_int_equal(pool_configure(f->pool, &same, rules, 1, S(3)), 0);
-        c = take(f, SHARED_SCRIPT_TICK);
+        const SharedCall *c = take(f, SHARED_SCRIPT_TICK);
         assert_non_null(strstr(arg(c, 7), "limit=2\n"));
 }
 
