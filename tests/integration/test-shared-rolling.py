@@ -9,6 +9,8 @@ tells it, on three brokerds sharing one pool through a real redis-server: limit 
 - the pool is never refused everywhere, and two limits are never enforced at once;
 - a waiter refused because a Reload call removed the pool is withdrawn before its client hears of it (the
   order runner-a writes the two in, seen by strace; skipped without it);
+- a runner that removed the pool from its configuration while its job holds a lease there keeps the lease and
+  holds no rule change of the others back;
 - a lease that ends on a runner refusing the pool for its rules is released in Redis at once, and its waiters
   refused there are withdrawn at once (the withdrawal leaves before the refusal reaches the client): the runners still serving the pool grant the slot, rather than see it
   held (or granted to a waiter refused long ago) for as long as the rules differ.
