@@ -152,9 +152,16 @@ class TestSharedLabels(harness.BrokerTestCase):
         waiting.until(lambda x: x.queued or x.error, timeout=10, what="b's request queued")
         self.assertTrue(waiting.queued, waiting.msg)
 
-        for x in (a, b):  # arm64 now has one member: the waiter can never be granted two
-            x.write_config(config(self.redis.url(), x.name, arm64="c"))
-            x.reload()
+        # arm64 now has one member: the waiter can never be granted two. runner-a first, and its new rules in
+        # Redis (it refuses the pool for them) before runner-b's: a Reload's answer does not wait for Redis, and
+        # runner-b's rules reaching Redis first would refuse its waiter "rules" (SPEC's agreement rule), not
+        # "reload" at the adoption.
+        a.write_config(config(self.redis.url(), a.name, arm64="c"))
+        a.reload()
+        wait_for(lambda: self.backend(a).get("unavailable") == "rules", timeout=10,
+                 message="runner-a's new rules to reach Redis")
+        b.write_config(config(self.redis.url(), b.name, arm64="c"))
+        b.reload()
         waiting.until(lambda x: x.error, timeout=10, what="b's waiter refused")
         self.assertEqual((waiting.error, waiting.params.get("reason")), ("io.slotbroker.Unavailable", "reload"),
                          waiting.msg)
