@@ -11,6 +11,7 @@ Run as a program it is a tiny client for tests that need another uid (see client
 prints every message received as one JSON line, then {"eof": true} if the broker closed the connection.
 """
 import ctypes
+import fcntl
 import json
 import os
 import select
@@ -1126,6 +1127,31 @@ policy = fail-fast
 """
 
 
+class StderrFile:
+    """A file for a child's stderr that the test reads while the child writes. Its descriptor is O_APPEND, so
+    that the child's writes land at the end whatever the offset they share (Python's mode "a+" does not set
+    O_APPEND on a temporary file's descriptor: a write racing a read's seek(0) landed over the first lines);
+    read() reads with pread() and moves no offset at all."""
+
+    def __init__(self):
+        self._file = tempfile.TemporaryFile()
+        fd = self._file.fileno()
+        fcntl.fcntl(fd, fcntl.F_SETFL, fcntl.fcntl(fd, fcntl.F_GETFL) | os.O_APPEND)
+
+    def fileno(self):
+        return self._file.fileno()
+
+    def read(self):
+        chunks, offset = [], 0
+        while chunk := os.pread(self._file.fileno(), 65536, offset):
+            chunks.append(chunk)
+            offset += len(chunk)
+        return b"".join(chunks).decode(errors="replace")
+
+    def close(self):
+        self._file.close()
+
+
 class SlotctlRun:
     """`slotctl run --socket SOCKET --lane LANE OPTIONS… -- ARGV…` as a CI job runs it: stderr in a file (not a
     terminal). With tty=True its stderr is a pseudo-terminal instead, so that it draws the live position line
@@ -1142,9 +1168,7 @@ class SlotctlRun:
             stderr = slave
             self.err = None
         else:
-            # O_APPEND: slotctl shares this file's offset, which stderr()'s seek moves; its writes go at the end
-            # all the same (with "w+" a line could land over the first ones while the test read them).
-            self.err = tempfile.TemporaryFile(mode="a+")
+            self.err = StderrFile()
             stderr = self.err
         try:
             self.proc = subprocess.Popen([slotctl, "run", "--socket", socket_path, "--lane", lane, *options, "--",
@@ -1176,7 +1200,6 @@ class SlotctlRun:
         if self.tty:
             with self._lock:
                 return self._out.decode(errors="replace")
-        self.err.seek(0)
         return self.err.read()
 
     def kill(self):

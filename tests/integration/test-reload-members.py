@@ -49,14 +49,13 @@ class Run:
     def __init__(self, test, b, lane, name):
         self.test, self.b, self.name = test, b, name
         self.token = self.pool = None
-        self.err = tempfile.TemporaryFile(mode="a+")
+        self.err = harness.StderrFile()
         self.proc = subprocess.Popen([SLOTCTL, "run", "--socket", b.socket_path, "--lane", lane, "--job", name,
                                       "--", *test.witness.command_until_stopped(name)],
                                      stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=self.err)
         test.addCleanup(self.kill)
 
     def stderr(self):
-        self.err.seek(0)
         return self.err.read()
 
     def started(self):

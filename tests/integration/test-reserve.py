@@ -97,14 +97,13 @@ class Reserve(harness.BrokerTestCase):
 
     def reserve(self, b, *args):
         """slotctl reserve in the background; its stderr in a file."""
-        err = tempfile.TemporaryFile(mode="a+")
+        err = harness.StderrFile()
         self.addCleanup(err.close)
         p = subprocess.Popen([SLOTCTL, "reserve", "--socket", b.socket_path, *args], stdin=subprocess.DEVNULL,
                              stdout=subprocess.PIPE, stderr=err, text=True)
         self.addCleanup(lambda: p.poll() is None and p.kill())
 
         def stderr():
-            err.seek(0)
             return err.read()
         p.stderr_text = stderr
         return p

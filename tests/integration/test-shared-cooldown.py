@@ -179,7 +179,7 @@ class SharedCooldown(harness.BrokerTestCase):
         wait_for(lambda: "waiting for" in waiting.stderr() or waiting.proc.poll() is not None, 10,
                  message="B's job queued")
         self.assertIsNone(waiting.proc.poll(), waiting.stderr())
-        err = tempfile.TemporaryFile(mode="a+")
+        err = harness.StderrFile()
         self.addCleanup(err.close)
         r = subprocess.Popen([SLOTCTL, "reserve", "--socket", a.socket_path, "rigs", "--member", "rig", "--for", "1h",
                               "--reason", "debugging the rig"], stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=err,
@@ -187,7 +187,6 @@ class SharedCooldown(harness.BrokerTestCase):
         self.addCleanup(lambda: r.poll() is None and r.kill())
 
         def r_stderr():
-            err.seek(0)
             return err.read()
         wait_for(lambda: "position 1 of 2" in r_stderr() or r.poll() is not None, 10,
                  message="the reservation first of the pool's two waiters")
