@@ -137,6 +137,8 @@ static json_t *pool_status(Methods *m, size_t i, usec_t now) {
                 json_t *b = json_pack("{s:b, s:I, s:I, s:I, s:I}", "up", info.backend_up, "rttMs",
                                       (json_int_t) (info.rtt / USEC_PER_MSEC), "nodes", (json_int_t) info.n_nodes,
                                       "inUse", (json_int_t) info.all_in_use, "waiting", (json_int_t) info.all_waiting);
+                if (b && info.agreed_limit > 0)
+                        json_object_set_new(b, "limit", json_integer((json_int_t) info.agreed_limit));
                 if (b && info.unavailable)
                         json_object_set_new(b, "unavailable", json_string(info.unavailable));
                 /* The other nodes' holders and waiters are as of this: a Status that came while the pool

@@ -218,7 +218,7 @@ static void print_primary(json_t *backend) {
                failovers < 0 ? 0 : failovers, failovers == 1 ? "" : "s", when, confirmed);
 }
 
-static void print_backend_state(json_t *backend) {
+static void print_backend_state(json_t *backend, json_int_t limit) {
         json_int_t age = int_member(backend, "snapshotAgeMs", -1);
         char as_of[64] = "";
         if (age >= 0)
@@ -239,6 +239,9 @@ static void print_backend_state(json_t *backend) {
                 json_array_foreach(keys, i, v)
                         printf(" %s", json_string_value(v) ?: "?");
         }
+        json_int_t agreed = int_member(backend, "limit", -1);
+        if (agreed >= 0 && agreed != limit)
+                printf("; the agreed limit is %" JSON_INTEGER_FORMAT ", this node's %" JSON_INTEGER_FORMAT, agreed, limit);
         putchar('\n');
 }
 
@@ -255,10 +258,10 @@ static void print_min_replicas(json_t *backend) {
 }
 
 /* How this node sees a shared pool's backend (Status "backend"), under its pool line. */
-static void print_backend(json_t *backend) {
+static void print_backend(json_t *backend, json_int_t limit) {
         if (!json_is_object(backend))
                 return;
-        print_backend_state(backend);
+        print_backend_state(backend, limit);
         print_primary(backend);
         print_min_replicas(backend);
 }
@@ -354,10 +357,12 @@ static void print_pool(json_t *pool, json_t *reply) {
         json_t *backend = json_object_get(pool, "backend");
         json_int_t shown_in_use = json_is_object(backend) ? int_member(backend, "inUse", in_use) : in_use;
         json_int_t shown_waiting = json_is_object(backend) ? int_member(backend, "waiting", waiting) : waiting;
+        /* Against the limit Redis enforces: on a node whose rules differ, not its own (said under the line). */
+        json_int_t shown_limit = json_is_object(backend) ? int_member(backend, "limit", limit) : limit;
         printf("%-10s ", name);
-        print_usage_bar(shown_in_use, limit);
+        print_usage_bar(shown_in_use, shown_limit);
         printf("  %" JSON_INTEGER_FORMAT "/%" JSON_INTEGER_FORMAT " in use, %" JSON_INTEGER_FORMAT " waiting", shown_in_use,
-               limit, shown_waiting);
+               shown_limit, shown_waiting);
         if (max_queue >= 0)
                 printf(" (max %" JSON_INTEGER_FORMAT ")", max_queue);
         if (json_is_object(backend))
@@ -397,7 +402,7 @@ static void print_pool(json_t *pool, json_t *reply) {
         json_array_foreach(json_object_get(pool, "memberDrains"), i, v)
                 print_drain(v);
         print_quarantined(json_object_get(pool, "quarantined"));
-        print_backend(backend);
+        print_backend(backend, limit);
         print_holders(json_object_get(reply, "holders"), name);
         print_waiters(json_object_get(reply, "waiters"), name);
         print_other_nodes(json_object_get(reply, "otherHolders"), json_object_get(reply, "otherWaiters"), name);

@@ -2538,6 +2538,7 @@ int engine_pool_info(const Engine *e, size_t i, usec_t now, EnginePoolInfo *ret)
                 .n_nodes = info.n_nodes,
                 .all_in_use = info.all_in_use,
                 .all_waiting = info.all_waiting,
+                .agreed_limit = info.remote ? info.agreed_limit : 0,
                 .min_replicas = info.min_replicas,
                 .replicas_acked = info.remote ? info.replicas_acked : -1,
                 .life = info.life,

@@ -490,6 +490,7 @@ typedef struct EnginePoolInfo {
         unsigned n_nodes;
         unsigned all_in_use;
         size_t all_waiting;
+        unsigned agreed_limit;    /* 0: not known yet */
         unsigned min_replicas;
         int replicas_acked;       /* -1: no WAIT answered */
         uint64_t bad_input;       /* replies and stream entries dropped by validation */

@@ -134,6 +134,7 @@ typedef struct RidRing {
 typedef struct Cache {
         bool valid;
         uint64_t in_use, waiting;
+        unsigned limit;        /* the stored rules' (0: not said), which a node whose rules differ does not have */
         bool congested;
         usec_t idle;
         int64_t next_wakeup;   /* pool clock, -1 none */
@@ -2501,6 +2502,9 @@ static void cache_apply(SharedPool *p, const RespValue *cache, int64_t pool_now,
                 p->cache.gauge_at = pool_now - (int64_t) p->cache.idle + (int64_t) p->base.queue_timeout + 1;
         if (resp_int(resp_at(cache, 6), &x))
                 p->cache.counter = (uint64_t) MAX(x, (int64_t) 0);
+        /* Only shown (Status): a limit no configuration could have is not one. */
+        if (resp_int(resp_at(cache, 10), &x))
+                p->cache.limit = x >= 1 && x <= (int64_t) CONF_LIMIT_MAX ? (unsigned) x : 0;
         /* A window this node has not told of: the pool's first use, or a restart another node saw first. One
          * that a later call prolongs (the first script after a restart opens it, the run id check again) is
          * the same window. */
@@ -4639,6 +4643,7 @@ static void shared_info(const Pool *base, usec_t now, PoolInfo *ret) {
                 .n_nodes = p->n_nodes,
                 .all_in_use = p->cache.valid ? (unsigned) MIN(p->cache.in_use, (uint64_t) UINT_MAX) : in_use,
                 .all_waiting = p->cache.valid ? (size_t) p->cache.waiting : waiting,
+                .agreed_limit = p->cache.valid ? p->cache.limit : 0,
                 .cache_age = p->cache.valid ? now - MIN(now, p->cache.at) : USEC_INFINITY,
                 .min_replicas = p->min_replicas,
                 .replicas_acked = p->replicas_acked,

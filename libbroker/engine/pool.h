@@ -175,6 +175,8 @@ typedef struct PoolInfo {
         unsigned n_nodes;         /* live nodes seen in the last heartbeat reply */
         unsigned all_in_use;      /* slots held and requests waiting on every node, from the cache (this */
         size_t all_waiting;       /* node's own until the first reply) */
+        unsigned agreed_limit;    /* the limit the backend enforces, the stored rules' (0: not known yet); not
+                                   * limit on a node whose rules differ */
         usec_t cache_age;
         unsigned min_replicas;    /* backend-min-replicas (0: off) */
         int replicas_acked;       /* what the last WAIT answered; -1: none answered */

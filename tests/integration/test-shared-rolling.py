@@ -96,10 +96,12 @@ class TestSharedRolling(harness.BrokerTestCase):
         b.write_config(config(self.redis.url(), b.name, limit))
         b.reload()
 
-    def refused_for_rules(self, b):
+    def refused_for_rules(self, b, agreed=2):
+        """b refuses the pool: its limit differs from the agreed one, which its Status shows beside its own."""
         wait_for(lambda: self.backend(b).get("unavailable") == "rules", timeout=10,
                  message=f"{b.name} to refuse the pool for its rules")
         self.assertEqual(self.backend(b).get("differingKeys"), ["limit"], self.backend(b))
+        self.assertEqual(self.backend(b).get("limit"), agreed, self.backend(b))
         r = self.acquire(b, "now")
         r.close()
         self.assertEqual((r.error, r.params.get("reason")), ("io.slotbroker.Unavailable", "rules"), r.msg)
@@ -145,7 +147,7 @@ class TestSharedRolling(harness.BrokerTestCase):
         waiting = self.queued(b)
 
         self.reload_with(a, 2)
-        self.refused_for_rules(a)
+        self.refused_for_rules(a, agreed=1)
         self.assertEqual(a.status()["holders"][0]["lease"]["id"], held.lease["id"])
         held.close()
         # Well within a node TTL: runner-a heartbeats all along, so only its release can free the slot.
@@ -294,6 +296,8 @@ class TestSharedRolling(harness.BrokerTestCase):
         for x in (a, b, c):
             self.wait_served(x)
             self.assertEqual(x.pool("grid")["limit"], 3)
+            wait_for(lambda x=x: self.backend(x).get("limit") == 3, timeout=10,
+                     message=f"{x.name}'s Status to show the agreed limit 3")
         third = self.acquire(c, "now")
         self.addCleanup(third.close)
         self.assertTrue(third.granted, third.msg)

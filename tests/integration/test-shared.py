@@ -651,6 +651,12 @@ class TestSharedJournal(SharedTestCase):
         backend = wait_for(lambda: c.pool("shared")["backend"].get("differingKeys") and c.pool("shared")["backend"],
                            timeout=10, message="C's Status to name the differing keys")
         self.assertEqual((backend["unavailable"], backend["differingKeys"]), ("rules", ["limit"]))
+        # Its Status counts the pool against the limit Redis enforces, not its own, and says both.
+        self.assertEqual((c.pool("shared")["limit"], backend.get("limit")), (3, 2), backend)
+        rows = self.slotctl_status(c)
+        self.assertIn("1/2", [r for r in rows if r[:1] == ["shared"]][0], rows)
+        self.assertIn("the agreed limit is 2, this node's 3".split(),
+                      [r[-8:] for r in rows if r[:2] == ["shared:", "refused"]], rows)
         c.stop()
 
         # B dies holding a slot: after its TTL one live node frees it and says so, naming it.
