@@ -22,11 +22,14 @@
 /* "[HOST]:PORT", HOST a name (253 bytes at most, redis-endpoint.c) or an address. */
 #define ADDRESS_MAX (253 + 2 + 1 + 5 + 1)
 
-/* One Sentinel of the list in the confirmation rounds: its own link, asked once a round. */
+/* One Sentinel of the list: its own link, asked once a round; the current one's also carries the question
+ * where the primary is (one connection to it less per brokerd: a fleet's thousands on the first Sentinel). */
 typedef struct SentinelVoter {
         Sentinel *sentinel;
         RedisLink *link;
         char address[ADDRESS_MAX];      /* the Sentinel's */
+        bool down;                      /* its link said it is down, and has not been up since */
+        bool asked;                     /* the question where the primary is, out on its link */
         uint64_t round;                 /* the round its question belongs to; 0: none out */
         char host[253 + 1];             /* its answer this round ("": none, or nonsense); a name or an address */
         unsigned port;
@@ -37,11 +40,9 @@ struct Sentinel {
         sd_event *event;
         RedisEndpoint endpoint;         /* REDIS_ENDPOINT_SENTINEL */
         SentinelOptions options;        /* password_file owned */
-        RedisLink *query;               /* SENTINEL get-master-addr-by-name */
         RedisLink *watch;               /* subscribed to +switch-master */
-        size_t current;                 /* the Sentinel both links are pointed at */
+        size_t current;                 /* the Sentinel asked (on its voter's link) and watched */
         size_t failed_in_row;           /* Sentinels that failed since the last good answer */
-        bool moving;                    /* redis_link_set_endpoint() under way: the DOWN it tells is ours */
         bool asking, ask_again;
         sd_event_source *rotate_timer;
         sd_event_source *round_timer;   /* CONFIRM_INTERVAL: the next confirmation round */
@@ -114,6 +115,10 @@ static void sentinel_failed(Sentinel *s) {
 
 static void sentinel_ask(Sentinel *s);
 
+static SentinelVoter *sentinel_current(Sentinel *s) {
+        return &s->voters[s->current];
+}
+
 /* A port as a Sentinel writes it: 1 to 5 decimal digits, nothing else (strtoul() takes " +1"). */
 static bool port_is_valid(const redisReply *r) {
         if (r->len == 0 || r->len > 5 || strlen(r->str) != r->len)
@@ -125,8 +130,14 @@ static bool port_is_valid(const redisReply *r) {
 }
 
 static void on_answer(RedisLink *link, int error, const redisReply *reply, void *userdata) {
-        Sentinel *s = userdata;
+        SentinelVoter *v = userdata;
+        Sentinel *s = v->sentinel;
 
+        if (!v->asked)
+                return; /* a second answer of one Sentinel, asked again before the first came */
+        v->asked = false;
+        if (v != sentinel_current(s))
+                return; /* asked before brokerd moved to another Sentinel: its word no longer counts */
         s->asking = false;
         if (error < 0)
                 return; /* the link says why, and asks again once up */
@@ -158,16 +169,18 @@ next:
 }
 
 static void sentinel_ask(Sentinel *s) {
+        SentinelVoter *v = sentinel_current(s);
+
         if (s->asking) {
                 s->ask_again = true; /* the answer in flight may predate what made the owner ask */
                 return;
         }
-        if (redis_link_get_state(s->query) != REDIS_LINK_UP)
+        if (redis_link_get_state(v->link) != REDIS_LINK_UP)
                 return; /* asked when it is */
-        if (redis_link_command(s->query, on_answer, s, 3,
+        if (redis_link_command(v->link, on_answer, v, 3,
                                (const char *const[]) { "SENTINEL", "get-master-addr-by-name", s->endpoint.master },
                                NULL) >= 0)
-                s->asking = true;
+                s->asking = v->asked = true;
 }
 
 /* "+switch-master": "MASTER OLD-IP OLD-PORT NEW-IP NEW-PORT". */
@@ -189,15 +202,20 @@ static void on_link_log(RedisLink *link, int priority, const char *message, void
         log_full_errno(priority, 0, "Sentinel %s: %s", s->current_address, message);
 }
 
-static void on_query_state(RedisLink *link, RedisLinkState state, const char *detail, void *userdata) {
-        Sentinel *s = userdata;
+/* Every voter's link: the current Sentinel's is also the one asked where the primary is. */
+static void on_voter_state(RedisLink *link, RedisLinkState state, const char *detail, void *userdata) {
+        SentinelVoter *v = userdata;
+        Sentinel *s = v->sentinel;
 
+        v->down = state != REDIS_LINK_UP;
+        if (v != sentinel_current(s))
+                return;
         if (state == REDIS_LINK_UP)
                 sentinel_ask(s);
-        else if (!s->moving) {
+        else {
                 s->asking = false;
-                log_full_errno(s->failed_in_row == 0 ? LOG_WARNING : LOG_DEBUG, 0, "Sentinel %s: %s",
-                               s->current_address, detail ?: "down");
+                log_full_errno(s->failed_in_row == 0 ? LOG_WARNING : LOG_DEBUG, 0, "Sentinel %s: %s", v->address,
+                               detail ?: "down");
                 sentinel_failed(s);
         }
 }
@@ -208,7 +226,7 @@ static void on_watch_state(RedisLink *link, RedisLinkState state, const char *de
                 sentinel_ask(userdata);
 }
 
-/* Points both links at Sentinel i. */
+/* Asks Sentinel i (on its voter's link) and watches it. */
 static int sentinel_point(Sentinel *s, size_t i) {
         const RedisSentinelAddress *a = &s->endpoint.sentinels[i];
         RedisEndpoint e = { .type = REDIS_ENDPOINT_TCP, .host = a->host, .port = a->port };
@@ -216,13 +234,17 @@ static int sentinel_point(Sentinel *s, size_t i) {
 
         s->current = i;
         format_address(s->current_address, sizeof s->current_address, a->host, a->port);
-        s->moving = true;
-        r = redis_link_set_endpoint(s->query, &e);
-        if (r >= 0)
-                r = redis_link_set_endpoint(s->watch, &e);
-        s->moving = false;
-        s->asking = false;
-        return r;
+        s->asking = false; /* an answer the one before still owes is not waited for (on_answer()) */
+        r = redis_link_set_endpoint(s->watch, &e);
+        if (r < 0)
+                return r;
+        /* Its link was there all along: up, asked at once; down since its last failure (which it would not
+         * tell again), failed at once as a fresh connection would; still connecting, asked once up. */
+        if (redis_link_get_state(sentinel_current(s)->link) == REDIS_LINK_UP)
+                sentinel_ask(s);
+        else if (sentinel_current(s)->down)
+                sentinel_failed(s);
+        return 0;
 }
 
 static int on_rotate(sd_event_source *es, uint64_t usec, void *userdata) {
@@ -385,11 +407,13 @@ static int on_round(sd_event_source *es, uint64_t usec, void *userdata) {
 
 static void on_voter_log(RedisLink *link, int priority, const char *message, void *userdata) {
         SentinelVoter *v = userdata;
-        /* The rounds' links repeat what the query link says of the same Sentinel: debug only. */
-        log_full_errno(LOG_DEBUG, 0, "Sentinel %s: %s", v->address, message);
+        /* The Sentinel asked where the primary is, as the watch's; the others' only for debugging (a Sentinel
+         * down says so once a second, and the rounds count it). */
+        log_full_errno(v == sentinel_current(v->sentinel) ? priority : LOG_DEBUG, 0, "Sentinel %s: %s", v->address,
+                       message);
 }
 
-/* What every link to a Sentinel shares: the query, the watch and the voters'. */
+/* What every link to a Sentinel shares: the watch's and the voters'. */
 static RedisLinkOptions sentinel_link_options(const Sentinel *s, void *userdata) {
         return (RedisLinkOptions) {
                 .password_file = s->options.password_file,
@@ -412,6 +436,7 @@ static int sentinel_voters_new(Sentinel *s) {
                 v->sentinel = s;
                 format_address(v->address, sizeof v->address, a->host, a->port);
                 RedisLinkOptions o = sentinel_link_options(s, v);
+                o.on_state = on_voter_state;
                 o.on_log = on_voter_log;
                 int r = redis_link_new(s->event, &e, &o, &v->link);
                 if (r < 0)
@@ -446,11 +471,7 @@ int sentinel_new(sd_event *event, const RedisEndpoint *endpoint, const SentinelO
         }
 
         RedisLinkOptions o = sentinel_link_options(s, s);
-        o.on_state = on_query_state;
         o.on_log = on_link_log;
-        r = redis_link_new(event, NULL, &o, &s->query);
-        if (r < 0)
-                goto fail;
         o.blocking = true;
         o.on_state = on_watch_state;
         r = redis_link_new(event, NULL, &o, &s->watch);
@@ -486,7 +507,6 @@ fail:
 Sentinel *sentinel_free(Sentinel *s) {
         if (!s)
                 return NULL;
-        redis_link_free(s->query);
         redis_link_free(s->watch);
         for (size_t i = 0; s->voters && i < s->endpoint.n_sentinels; i++)
                 redis_link_free(s->voters[i].link);

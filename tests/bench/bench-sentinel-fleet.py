@@ -13,9 +13,10 @@ other setting at its default, idle (no client). In one run:
      above its baseline, per brokerd; its clients (INFO clients) and the commands it answered (INFO stats'
      total_commands_processed) per brokerd per second.
 
-Each brokerd asks every Sentinel of its URL once a second (its confirmation round, a connection each), and
-keeps two more connections (its question, its +switch-master subscription) to the one it asks: the first of
-the URL for all of them (brokerd.conf(5), "High availability: Redis Sentinel").
+Each brokerd asks every Sentinel of its URL once a second (its confirmation round, a connection each, which
+carries its question where the primary is too), and keeps one more connection (its +switch-master
+subscription) to the one it asks: the first of the URL for all of them (brokerd.conf(5), "High availability:
+Redis Sentinel").
 
 Usage: bench-sentinel-fleet.py BROKERD [N [P]]   (default: 100 1)
 Environment: BENCH_FLEET_WINDOW (seconds, default 30), BENCH_FLEET_BASELINE (default 15), BENCH_FLEET_SETTLE

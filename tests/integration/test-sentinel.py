@@ -25,6 +25,9 @@ brokerds whose pool grid (limit 4) has backend = redis-sentinel://S1,S2,S3/grid-
   commands' side no slot was held twice, across all three nodes (X's grants on the old primary included).
   When the partition heals the old primary is made a replica, nobody goes back to it, and X follows the
   Sentinels to the new primary and grants again. TestSentinelPartition: a meson test of its own.
+- One brokerd's connections to the Sentinels: two to the one it asks (its confirmation round's link, which
+  carries its question too, and its +switch-master subscription), one to each other (the round's); with that
+  Sentinel killed, the same to the next one it asks.
 - Sentinels with requirepass: backend-sentinel-password-file= authenticates; a wrong one is refused, said
   in the journal, and the pool is unavailable (backend).
 - --check-config prints the sentinel URL and backend-sentinel-password-file=.
@@ -395,6 +398,40 @@ class TestSentinelPartition(SentinelLoad):
         self.assertEqual(self.held - kept, set(), "commands of the other nodes that lost their slot")
         print(f"commands: {len(exits)}, exits: { {c: sum(1 for e in exits if e[2] == c) for c in (0, 75, 124)} }",
               file=sys.stderr)
+
+
+class TestSentinelConnections(unittest.TestCase):
+    """What a fleet of N brokerds costs each Sentinel in connections (brokerd.conf(5), "Room for the fleet
+    behind Sentinels": about 2 N on the one asked, N on the others)."""
+
+    def setUp(self):
+        faults.skip_unless_shared_pools(self)
+        self.tmp = tempfile.mkdtemp(prefix="test-sentinel-conn-")
+        self.addCleanup(shutil.rmtree, self.tmp, True)
+        self.topo = Topology(self.tmp, sentinels=3, down_after=DOWN_AFTER).start()
+        self.addCleanup(self.topo.close)
+
+    @staticmethod
+    def brokerd_clients(sentinel):
+        """The Sentinel's clients that are brokerd's: the Sentinels name their links, the test's own asks."""
+        lines = sentinel.call("CLIENT", "LIST").splitlines()
+        fields = [dict(f.split("=", 1) for f in line.split() if "=" in f) for line in lines]
+        return sorted(f["cmd"] for f in fields if f.get("name") == "" and f.get("cmd") != "client|list")
+
+    def test_two_connections_to_the_sentinel_asked_one_to_the_others(self):
+        b = Broker(config(self.topo.url(), 0), name="conn").start()
+        self.addCleanup(b.stop)
+        wait_for(lambda: (b.pool("grid").get("backend") or {}).get("up"), timeout=30, message="the pool served")
+        asked = ["sentinel|get-master-addr-by-name", "subscribe"]
+        other = ["sentinel|get-master-addr-by-name"]
+        s = self.topo.sentinels
+        # A round's question on every link is under way within a second of the pool's first service.
+        wait_for(lambda: [self.brokerd_clients(x) for x in s] == [asked, other, other], timeout=10,
+                 message="two connections to the first Sentinel, one to each other")
+        s[0].kill9()
+        wait_for(lambda: [self.brokerd_clients(x) for x in s[1:]] == [asked, other], timeout=15,
+                 message="the subscription moved to the second Sentinel, nothing more")
+        self.assertTrue(b.pool("grid")["backend"]["up"])
 
 
 class TestSentinelPassword(unittest.TestCase):
