@@ -183,7 +183,10 @@ int metrics_render(const Metrics *m, const MetricsGauges *g, char **ret) {
                 for (size_t i = 0; i < n; i++) {
                         if (engine_pool_info(g->engine, i, g->now, &info) < 0)
                                 continue;
-                        uint64_t v = k == 0 ? info.limit : k == 1 ? info.in_use : k == 2 ? info.waiting
+                        /* A shared pool's slots are its agreed rules', which Redis enforces: not the own limit
+                         * of a node whose rules differ. */
+                        unsigned slots = info.remote && info.agreed_limit > 0 ? info.agreed_limit : info.limit;
+                        uint64_t v = k == 0 ? slots : k == 1 ? info.in_use : k == 2 ? info.waiting
                                    : k == 3 ? info.congested : info.n_resting;
                         pool_value(f, gauges[k].name, info.name, v);
                 }

@@ -651,8 +651,10 @@ class TestSharedJournal(SharedTestCase):
         backend = wait_for(lambda: c.pool("shared")["backend"].get("differingKeys") and c.pool("shared")["backend"],
                            timeout=10, message="C's Status to name the differing keys")
         self.assertEqual((backend["unavailable"], backend["differingKeys"]), ("rules", ["limit"]))
-        # Its Status counts the pool against the limit Redis enforces, not its own, and says both.
+        # Its Status counts the pool against the limit Redis enforces, not its own, and says both; its metric
+        # counts the pool's slots as Redis does.
         self.assertEqual((c.pool("shared")["limit"], backend.get("limit")), (3, 2), backend)
+        self.assertIn('slotbroker_slots{pool="shared"} 2', c.call("io.slotbroker.Metrics")["text"].splitlines())
         rows = self.slotctl_status(c)
         self.assertIn("1/2", [r for r in rows if r[:1] == ["shared"]][0], rows)
         self.assertIn("the agreed limit is 2, this node's 3".split(),
