@@ -2,8 +2,8 @@
 /* sentinel.h — which node is a redis-sentinel:// backend's primary now (SPEC §11, high availability), and
  * whether a majority of the Sentinels still says so.
  *
- * One Sentinel of the list at a time is asked `SENTINEL get-master-addr-by-name MASTER` (on one link), and
- * watched for `+switch-master` (on a second, subscribed link): a Sentinel that cannot be reached, does not
+ * One Sentinel of the list at a time is asked `SENTINEL get-master-addr-by-name MASTER` (on its link of the
+ * rounds below), and watched for `+switch-master` (on a subscribed link): a Sentinel that cannot be reached, does not
  * know MASTER, or answers nonsense makes the next one of the list current, the round over the whole list
  * spaced by a backoff. The answer is asked again whenever the watch (re)subscribes (pub/sub loses what is
  * published while not subscribed), and when the owner says the named primary refused or cannot be reached
