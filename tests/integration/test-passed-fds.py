@@ -401,23 +401,25 @@ class PassedFds(harness.BrokerTestCase):
         c.close()
         wait_for(lambda: b.fd_count() <= before, timeout=10, message="every passed fd closed")
 
-    def refused_with_fds(self, b, n, fd):
+    def refused_with_fds(self, b, n, fd, timeout=20.0):
         """n connections of this uid that brokerd refuses at once (max-connections-per-uid), each with a
-        Status call and `fd` queued unread in it. Returns them. Sent as soon as connected: a send after the
-        refusal fails (EPIPE), and is tried again. brokerd is not stopped meanwhile (SIGSTOP): a stop ends the
-        wait of a close that lingers, in brokerd's thread."""
-        refused = []
-        for _ in range(20 * n):
-            if len(refused) == n:
-                break
+        Status call and `fd` queued unread in it. Returns them. Sent as soon as connected: brokerd closes a
+        refused socket at once when nothing with an fd is queued in it yet, so a send that comes after that
+        fails (EPIPE) and is tried again, for up to `timeout` s (an ASan brokerd won 320 of those races in a
+        row on a loaded CI machine; 20 a connection were not always enough). brokerd is not stopped
+        meanwhile (SIGSTOP): a stop ends the wait of a close that lingers, in brokerd's thread."""
+        refused, lost = [], 0
+        deadline = time.monotonic() + timeout
+        while len(refused) < n and time.monotonic() < deadline:
             r = Varlink(b.socket_path)
-            self.addCleanup(r.close)
             try:
                 socket.send_fds(r.sock, [Varlink.encode_call("io.slotbroker.Status")], [fd])
+                self.addCleanup(r.close)
                 refused.append(r)
             except (BrokenPipeError, ConnectionResetError):
+                lost += 1
                 r.close()
-        self.assertEqual(len(refused), n, "too few refused connections took their fd")
+        self.assertEqual(len(refused), n, f"too few refused connections took their fd ({lost} sends too late)")
         return refused
 
     def test_refused_connections_do_not_fill_the_total(self):
