@@ -81,6 +81,10 @@ struct Backend {
         bool renew_idle;                /* the last renewal went at the idle period */
         usec_t renew_sent;              /* monotonic: when the last renewal went */
         bool watch_resting;             /* redis_link_watch_rest() since the last call sent */
+        /* Behind Sentinels, the confirmation rounds rest while every pool may let them
+         * (backend_pace_confirmations()); woke_boot: CLOCK_BOOTTIME of the last wake, 0 none. */
+        bool confirm_resting;
+        usec_t confirm_woke_boot;
 };
 
 /* A renewal sent: the pools it named (by serial: one may be freed meanwhile), and when. */
@@ -197,6 +201,7 @@ static void backend_wake(void *userdata) {
 
 static void backend_start_read(Backend *b);
 static void backend_wake_reader(Backend *b);
+static void backend_pace_confirmations(Backend *b);
 
 /* Renewals for the holders of the pool's leases: paced by the deadline's moves (a second or more later,
  * which each acknowledged heartbeat makes), never held back when it moves earlier. */
@@ -232,6 +237,7 @@ static void backend_after(Backend *b) {
         }
         backend_wake(b);
         backend_wake_reader(b);
+        backend_pace_confirmations(b);
         backend_start_read(b);
 }
 
@@ -413,6 +419,30 @@ static void backend_wake_reader(Backend *b) {
                 log_debug("Redis %s: a pool holds something; its stream link connects again.", b->url);
 }
 
+/* Behind Sentinels, an idle node asks nothing of them: each round is a question to every Sentinel, one a
+ * second from every runner of a fleet that would guard nothing (no lease to fence, no request to grant;
+ * tests/bench/README.md, "Stop 64": a Sentinel's CPU per idle runner). The rounds rest once every pool may
+ * let them (pool_shared_confirm_may_rest()), and go again, a round at once, when a request comes: the pools
+ * hold it until that round ends (pool-shared.h). */
+static void backend_pace_confirmations(Backend *b) {
+        if (!b->sentinel)
+                return;
+        bool rest = b->n_pools > 0;
+        for (size_t i = 0; rest && i < b->n_pools; i++)
+                rest = pool_shared_confirm_may_rest(b->pools[i]->pool);
+        if (rest == b->confirm_resting)
+                return;
+        usec_t boot = now_boottime(), now = now_monotonic();
+        b->confirm_resting = rest;
+        if (!rest)
+                b->confirm_woke_boot = boot;
+        sentinel_set_resting(b->sentinel, rest);
+        for (size_t i = 0; i < b->n_pools; i++)
+                pool_shared_set_confirm_resting(b->pools[i]->pool, rest, boot, now);
+        log_debug("Sentinels of %s: %s.", b->url, rest ? "this node holds nothing; the rounds rest"
+                                                          : "a pool holds something; a round now, then every second");
+}
+
 /* How often to renew: the shortest period of the pools a renewal names, at the idle or the busy pace. */
 static usec_t backend_renew_period(const Backend *b, bool idle) {
         usec_t period = idle ? SHARED_IDLE_RENEW_PERIOD_MAX : SHARED_RENEW_PERIOD_MAX;
@@ -514,6 +544,7 @@ static int on_flush(sd_event_source *s, void *userdata) {
         Backend *b = userdata;
         (void) sd_event_source_set_enabled(b->flush, SD_EVENT_OFF); /* when called by backend_table_send_first() */
         backend_wake_reader(b);
+        backend_pace_confirmations(b);
         redis_link_cork(b->commands);
         backend_send_calls(b);
         backend_pace_renewals(b);
@@ -780,12 +811,18 @@ static void on_sentinel_primary(Sentinel *s, const RedisEndpoint *primary, const
 }
 
 /* A confirmation round ended: every pool learns how fresh its primary's confirmation is (it refuses when
- * stale, and fences from it). */
-static void on_sentinel_round(Sentinel *s, usec_t confirmed, void *userdata) {
+ * stale, and fences from it). One begun after a wake that did not confirm the primary ends the requests'
+ * wait for it. */
+static void on_sentinel_round(Sentinel *s, usec_t confirmed, usec_t round_boot, void *userdata) {
         Backend *b = userdata;
         usec_t boot = now_boottime(), now = now_monotonic();
-        for (size_t i = 0; i < b->n_pools; i++)
+        bool failed = !b->confirm_resting && b->confirm_woke_boot > 0 && round_boot >= b->confirm_woke_boot &&
+                      confirmed != round_boot;
+        for (size_t i = 0; i < b->n_pools; i++) {
                 pool_shared_set_confirmed(b->pools[i]->pool, confirmed, boot, now);
+                if (failed)
+                        pool_shared_confirm_round_failed(b->pools[i]->pool, now);
+        }
         backend_after(b);
 }
 
@@ -1036,10 +1073,13 @@ int backend_table_pool_new(const PoolConfig *pc, const char *name, PoolEmitFn em
         }
         b->pools[b->n_pools++] = bp;
 
-        /* A link already up, and the last confirmation, tell only the pools they knew: this one learns here. */
-        if (b->sentinel)
+        /* A link already up, the last confirmation and the rounds' rest tell only the pools they knew: this
+         * one learns here. */
+        if (b->sentinel) {
+                pool_shared_set_confirm_resting(bp->pool, b->confirm_resting, now_boottime(), now_monotonic());
                 pool_shared_set_confirmed(bp->pool, sentinel_get_confirmed(b->sentinel), now_boottime(),
                                           now_monotonic());
+        }
         if (redis_link_get_state(b->commands) == REDIS_LINK_UP)
                 pool_shared_link_up(bp->pool, redis_link_get_run_id(b->commands) ?: "", now_monotonic());
         backend_wake(b);

@@ -50,6 +50,8 @@ struct Sentinel {
         uint64_t round;                 /* the round under way or last done (from 1) */
         usec_t round_boot;              /* CLOCK_BOOTTIME, when it began */
         size_t round_pending;           /* questions of the round not answered yet */
+        bool resting;                   /* no rounds (sentinel_set_resting()) */
+        bool round_again;               /* woken during a round: another one right after it */
         usec_t confirmed;               /* CLOCK_BOOTTIME start of the last round that confirmed; 0: none */
         /* The primary that round confirmed: a primary one Sentinel named since (an answer, +switch-master)
          * is not confirmed by it, however fresh. */
@@ -351,8 +353,12 @@ static void sentinel_round_end(Sentinel *s) {
         }
         if (sentinel_get_confirmed(s) == s->round_boot)
                 sentinel_follow_majority(s, n);
+        if (s->round_again) {
+                s->round_again = false;
+                (void) sd_event_source_set_time_relative(s->round_timer, 0);
+        }
         if (s->options.on_round)
-                s->options.on_round(s, sentinel_get_confirmed(s), s->options.userdata);
+                s->options.on_round(s, sentinel_get_confirmed(s), s->round_boot, s->options.userdata);
 }
 
 static void on_vote(RedisLink *link, int error, const redisReply *reply, void *userdata) {
@@ -522,6 +528,24 @@ Sentinel *sentinel_free(Sentinel *s) {
 void sentinel_rediscover(Sentinel *s) {
         if (s)
                 sentinel_ask(s);
+}
+
+void sentinel_set_resting(Sentinel *s, bool resting) {
+        if (!s || s->resting == resting)
+                return;
+        s->resting = resting;
+        if (resting) {
+                /* A round under way ends as any: its answers are in flight already. */
+                s->round_again = false;
+                (void) sd_event_source_set_enabled(s->round_timer, SD_EVENT_OFF);
+                return;
+        }
+        /* One that began before the wake is no answer to it: the owner waits for one that begins after. */
+        if (s->round_pending > 0)
+                s->round_again = true;
+        else
+                (void) sd_event_source_set_time_relative(s->round_timer, 0);
+        (void) sd_event_source_set_enabled(s->round_timer, SD_EVENT_ON);
 }
 
 const char *sentinel_get_primary(const Sentinel *s) {

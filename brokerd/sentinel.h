@@ -9,9 +9,10 @@
  * published while not subscribed), and when the owner says the named primary refused or cannot be reached
  * (sentinel_rediscover()).
  *
- * Besides, every second, a confirmation round asks every Sentinel of the list (a link each): a majority
- * of the list naming the primary confirms it as of the round's start, a majority naming another address
- * moves it there once the primary in use went unconfirmed for a while (sentinel.c says what this promises).
+ * Besides, every second (unless the owner lets them rest: sentinel_set_resting()), a confirmation round asks
+ * every Sentinel of the list (a link each): a majority of the list naming the primary confirms it as of the
+ * round's start, a majority naming another address moves it there once the primary in use went unconfirmed
+ * for a while (sentinel.c says what this promises).
  * A primary that one Sentinel named is unconfirmed until a round confirms it; when a round confirms the
  * primary in use and the Sentinel asked named another, the next one of the list that named it is asked
  * (and watched) instead.
@@ -38,8 +39,8 @@ typedef struct Sentinel Sentinel;
 typedef void (*SentinelPrimaryFn)(Sentinel *s, const RedisEndpoint *primary, const char *previous, bool failover,
                                   void *userdata);
 
-/* A confirmation round ended; confirmed: sentinel_get_confirmed(). */
-typedef void (*SentinelRoundFn)(Sentinel *s, usec_t confirmed, void *userdata);
+/* A confirmation round that began at round_boot (CLOCK_BOOTTIME) ended; confirmed: sentinel_get_confirmed(). */
+typedef void (*SentinelRoundFn)(Sentinel *s, usec_t confirmed, usec_t round_boot, void *userdata);
 
 /* How old a confirmation may be for the owner to grant on the primary: three rounds, so that one slow or
  * lost round costs nothing. */
@@ -60,6 +61,11 @@ Sentinel *sentinel_free(Sentinel *s);
 
 /* The primary named last refused to be one (a replica) or cannot be reached: ask again now. */
 void sentinel_rediscover(Sentinel *s);
+/* The rounds rest (the owner holds nothing a confirmation would guard: each round is a question to every
+ * Sentinel, which thousands of idle brokerds would ask every second for nothing), or go again: a round at
+ * once (after the one under way, if any), then every second. The watch and the question where the primary
+ * is go on either way. */
+void sentinel_set_resting(Sentinel *s, bool resting);
 
 /* "HOST:PORT" of the primary named last; NULL before the first answer. */
 const char *sentinel_get_primary(const Sentinel *s);

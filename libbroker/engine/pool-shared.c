@@ -234,6 +234,11 @@ typedef struct SharedPool {
         usec_t primary_confirmed_boot;
         usec_t unconfirmed_since;
         bool unconfirmed_noticed; /* an UNCONFIRMED notice was pushed and not yet followed by CONFIRMED */
+        /* The driver's rounds rest while this node holds nothing (pool_shared_set_confirm_resting()): the
+         * confirmation is then taken as stale, quietly (confirm_quiet: no notice, Status says served, and any
+         * request is held, fail-fast ones too, until the round the next request wakes ends). */
+        bool confirm_resting;
+        bool confirm_quiet;
         /* Above every token this node passed on (its grants, its restored leases, the persisted mark at
          * restart): sent with every tick, so that a Redis that lost the pool (and whose clock is behind)
          * never issues a token below it (SPEC §11, "Tokens never go back"). 0: none known yet. */
@@ -603,6 +608,18 @@ static bool pool_serves(const SharedPool *p) {
         return state_sends_operations(p->state) && p->unconfirmed_since == USEC_INFINITY;
 }
 
+/* It would serve but for a confirmation left stale while the Sentinels' rounds rested: a request is held for
+ * the round it wakes. */
+static bool pool_confirm_rests(const SharedPool *p) {
+        return state_sends_operations(p->state) && p->unconfirmed_since != USEC_INFINITY && p->confirm_quiet;
+}
+
+/* Status reads such a pool as served when a round did confirm the primary in use before the rest; one that a
+ * single Sentinel named meanwhile (its +switch-master) is unconfirmed there, as it is to a node that asks. */
+static bool pool_confirm_rests_served(const SharedPool *p) {
+        return pool_confirm_rests(p) && p->primary_confirmed_boot > 0;
+}
+
 /* Whether this node gives back to Redis now what it holds or awaits there (its releases and withdrawals): while
  * it serves the pool, and also while its rules differ from the stored ones. Those refuse new requests only: the
  * node is registered and heartbeating, so Redis would never reap what it keeps of it, and a lease ended or a
@@ -617,6 +634,9 @@ static bool pool_gives_back(const SharedPool *p) {
  * the others while it serves the pool. */
 static bool call_may_go(const SharedPool *p, const Call *c) {
         if (c->script == SHARED_SCRIPT_TICK || pool_serves(p))
+                return true;
+        /* Status's fetch of who holds and waits decides nothing: it goes while the confirmation rests. */
+        if (c->script == SHARED_SCRIPT_POSITIONS && streq(c->argv[6], "status") && pool_confirm_rests(p))
                 return true;
         return (c->script == SHARED_SCRIPT_RELEASE || c->script == SHARED_SCRIPT_WITHDRAW) && pool_gives_back(p);
 }
@@ -633,7 +653,8 @@ static const char *unavailable_reason(const SharedPool *p) {
  * behind Sentinels: unconfirmed_since is 0) is the start's wait, counted from the first try held, not
  * "since ever". */
 static usec_t outage_since(const SharedPool *p) {
-        usec_t unconfirmed = p->confirmed_boot == 0 ? USEC_INFINITY : p->unconfirmed_since;
+        /* A confirmation left stale by a rest is no outage: the hold counts from the first request held. */
+        usec_t unconfirmed = p->confirmed_boot == 0 || p->confirm_quiet ? USEC_INFINITY : p->unconfirmed_since;
         return MIN(MIN(p->down_since, unconfirmed), p->start_since);
 }
 
@@ -1969,12 +1990,14 @@ static usec_t vouch_deadline(const SharedPool *p) {
 static void confirm_update(SharedPool *p, usec_t boot_now, usec_t now) {
         if (p->params.confirm_stale == 0)
                 return;
-        bool fresh = p->primary_confirmed_boot > 0 &&
+        /* Resting, no round tells how old the confirmation gets: it counts as stale from the rest's start. */
+        bool fresh = !p->confirm_resting && p->primary_confirmed_boot > 0 &&
                 boot_now < usec_add(p->primary_confirmed_boot, p->params.confirm_stale);
         if (fresh == (p->unconfirmed_since == USEC_INFINITY))
                 return;
         if (fresh) {
                 p->unconfirmed_since = USEC_INFINITY;
+                p->confirm_quiet = false;
                 served_check(p);
                 if (p->unconfirmed_noticed)
                         notice_push(p, SHARED_NOTICE_CONFIRMED, NULL, NULL, 0, 0);
@@ -1982,6 +2005,10 @@ static void confirm_update(SharedPool *p, usec_t boot_now, usec_t now) {
                 return;
         }
         p->unconfirmed_since = now;
+        if (p->confirm_resting) {
+                p->confirm_quiet = true; /* nothing lost: nobody asked */
+                return;
+        }
         /* Not at start (never confirmed yet): a pool that was never served has lost nothing to tell of. */
         if (p->confirmed_boot > 0) {
                 notice_push(p, SHARED_NOTICE_UNCONFIRMED, NULL, NULL, 0, 0);
@@ -1998,6 +2025,35 @@ void pool_shared_set_confirmed(Pool *base, usec_t confirmed_boot, usec_t boot_no
                 p->confirmed_boot = confirmed_boot;
         p->primary_confirmed_boot = confirmed_boot;
         confirm_update(p, boot_now, now);
+}
+
+void pool_shared_set_confirm_resting(Pool *base, bool resting, usec_t boot_now, usec_t now) {
+        SharedPool *p = SHARED(base);
+        now = driver_now(p, now);
+        p->confirm_resting = resting;
+        confirm_update(p, boot_now, now);
+}
+
+void pool_shared_confirm_round_failed(Pool *base, usec_t now) {
+        SharedPool *p = SHARED(base);
+        now = driver_now(p, now);
+        if (!p->confirm_quiet || p->unconfirmed_since == USEC_INFINITY || p->confirm_resting)
+                return;
+        /* The round a request woke did not confirm the primary: lost as if the rounds had gone on (a brokerd
+         * cut off with an old primary is one that rested), as of the first request held. Those that may not
+         * wait go now; the others have the waiter grace from the first one held. */
+        p->confirm_quiet = false;
+        p->unconfirmed_since = MIN(now, p->start_since);
+        p->start_since = USEC_INFINITY;
+        if (p->confirmed_boot > 0) {
+                notice_push(p, SHARED_NOTICE_UNCONFIRMED, NULL, NULL, 0, 0);
+                p->unconfirmed_noticed = true;
+        }
+        list_foreach_safe(n, &p->tries) {
+                PoolWaiter *w = container_of(n, PoolWaiter, node);
+                if (!w->may_wait)
+                        try_refuse_locally(p, w, "unconfirmed", now);
+        }
 }
 
 usec_t pool_shared_get_confirmed(const Pool *base) {
@@ -3684,13 +3740,18 @@ static bool lane_is_configured(const SharedPool *p, const char *lane) {
  * behind Sentinels, no round has confirmed the primary yet, through no fault of Redis's), a request that may
  * wait, and a waiter resumed at a restart, wait for it, as a waiter waits out a link that went down: for the
  * waiter grace at most, counted from the first one held. One that may not wait is refused at once; so is
- * every request once a confirmation was lost (today's rule: the primary may be one cut off). */
+ * every request once a confirmation was lost (today's rule: the primary may be one cut off). A confirmation
+ * left stale by a rest of the rounds is not lost: every request waits for the round it wakes, fail-fast ones
+ * too (pool_shared_confirm_round_failed() refuses those if that round does not confirm). */
 static bool submit_is_held(const SharedPool *p, const PoolTry *t, usec_t now) {
+        bool within_grace = p->start_since == USEC_INFINITY || now < usec_add(p->start_since, p->params.waiter_grace);
+        if (pool_confirm_rests(p))
+                return within_grace;
         return (t->may_wait || t->resume) && !p->served &&
                (p->unconfirmed_since == USEC_INFINITY || p->confirmed_boot == 0) &&
                (p->state == SHARED_STATE_CONNECTING || p->state == SHARED_STATE_REGISTERING ||
                 state_sends_operations(p->state)) &&
-               (p->start_since == USEC_INFINITY || now < usec_add(p->start_since, p->params.waiter_grace));
+               within_grace;
 }
 
 /* The arrival on the pool clock, as ARGV: the wait and the fast-admission test count from it ("-": now). */
@@ -4439,6 +4500,16 @@ bool pool_shared_holds_nothing(const Pool *base) {
         return list_is_empty(&SHARED(base)->tries) && pool_shared_fence_deadline(base) == USEC_INFINITY;
 }
 
+bool pool_shared_confirm_may_rest(const Pool *base) {
+        const SharedPool *p = SHARED(base);
+        /* Not before the first confirmation (the start's wait is for it), nor once one was lost (requests are
+         * refused then, and would never wake the rounds that can bring it back), nor while a release or
+         * withdrawal waits to go: those go only on a confirmed primary. */
+        return p->params.confirm_stale > 0 && p->confirmed_boot > 0 &&
+               (p->unconfirmed_since == USEC_INFINITY || p->confirm_quiet) && pool_shared_holds_nothing(base) &&
+               !outbox_gives_back(p);
+}
+
 void pool_shared_renewed(Pool *base, bool covered, bool tick, usec_t sent_boot, usec_t period, usec_t now) {
         SharedPool *p = SHARED(base);
         now = driver_now(p, now);
@@ -4503,7 +4574,8 @@ static void shared_run(Pool *base, usec_t now) {
                 sets_say_ready_again(p, now);
         p->served_at_run = operations;
         bool paged = false; /* a page of this node's waiters' places is queued already */
-        if (operations && now < p->status_until && !p->status_pending &&
+        /* Status's fetch decides nothing: an idle node's, whose rounds rest, goes too. */
+        if ((operations || pool_confirm_rests(p)) && now < p->status_until && !p->status_pending &&
             (p->status_last == 0 || now >= usec_add(p->status_last, USEC_PER_SEC)))
                 paged = queue_status(p, now) >= 0;
         /* A tick of an earlier instant may still be out (the engine settles the instants before `now` one
@@ -4636,8 +4708,10 @@ static void shared_info(const Pool *base, usec_t now, PoolInfo *ret) {
                 .idle = p->cache.valid ? usec_add(p->cache.idle, now - MIN(now, p->cache.at)) : 0,
                 .next_token = p->cache.counter + 1,
                 .remote = true,
-                .backend_up = pool_serves(p),
-                .unavailable = p->state == SHARED_STATE_REFUSED && p->refused_why ? p->refused_why : unavailable_reason(p),
+                .backend_up = pool_serves(p) || pool_confirm_rests_served(p),
+                .unavailable = p->state == SHARED_STATE_REFUSED && p->refused_why ? p->refused_why
+                               : pool_confirm_rests_served(p)                     ? NULL
+                                                                                  : unavailable_reason(p),
                 .differing_keys = p->differing_keys,
                 .rtt = p->rtt,
                 .n_nodes = p->n_nodes,
@@ -4690,7 +4764,7 @@ static int shared_refresh_snapshot(Pool *base, usec_t since, usec_t now) {
         p->status_until = usec_add(now, SHARED_STATUS_KEEP);
         if (p->snap_valid && p->snap_at >= since)
                 return 0;
-        if (!p->link_up || p->state == SHARED_STATE_REFUSED || !pool_serves(p))
+        if (!p->link_up || p->state == SHARED_STATE_REFUSED || !(pool_serves(p) || pool_confirm_rests(p)))
                 return 0; /* no fetch would be answered: the last snapshot is all there is */
         if (p->status_pending)
                 return 1; /* asked before `since`, maybe: the next call after its answer asks again */

@@ -222,6 +222,16 @@ usec_t pool_shared_fence_deadline(const Pool *p);
  * which neither 0 nor an older one lowers. The driver calls it after every round, confirmed or not, and
  * whenever the primary moves: boot_now and now (monotonic) date the check. */
 void pool_shared_set_confirmed(Pool *p, usec_t confirmed_boot, usec_t boot_now, usec_t now);
+/* The driver's rounds rest (resting true: no pool of its backend holds anything of this node's, and none is
+ * asked until one does) or go again. While they rest the confirmation counts as stale, quietly: no notice,
+ * Status reads the pool as served, and every request is held (fail-fast ones too, the waiter grace at most)
+ * until a confirmation handed in after the rest is fresh. A rest that ends within confirm_stale of the last
+ * confirmation serves again at once. */
+void pool_shared_set_confirm_resting(Pool *p, bool resting, usec_t boot_now, usec_t now);
+/* A round that began after the rest ended did not confirm the primary: the confirmation is lost as if the
+ * rounds had gone on (notice, held requests that may not wait refused "unconfirmed", the others kept for the
+ * waiter grace from the first one held). Nothing when the confirmation is fresh, or was not stale by a rest. */
+void pool_shared_confirm_round_failed(Pool *p, usec_t now);
 /* The latest confirmation handed in (0: none). */
 usec_t pool_shared_get_confirmed(const Pool *p);
 void pool_shared_fence_check(Pool *p, usec_t boot_now, usec_t now);
@@ -264,6 +274,10 @@ usec_t pool_shared_renew_period(const Pool *p);
  * at least pool_shared_renew_period(), at most SHARED_IDLE_RENEW_PERIOD_MAX) instead, and at the busy period
  * again once one holds something. */
 bool pool_shared_holds_nothing(const Pool *p);
+/* Behind Sentinels: the driver's confirmation rounds may rest (pool_shared_set_confirm_resting()): this pool
+ * was confirmed once and has not lost that confirmation since (but by a rest), holds nothing and has no
+ * release or withdrawal to send. */
+bool pool_shared_confirm_may_rest(const Pool *p);
 usec_t pool_shared_idle_renew_period(const Pool *p);
 void pool_shared_renewed(Pool *p, bool covered, bool tick, usec_t sent_boot, usec_t period, usec_t now);
 /* The node hash's fingerprint (n, x, s; -1: not a number) that a covering renewal read in full (every

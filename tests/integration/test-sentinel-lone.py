@@ -11,7 +11,8 @@ told). Brokerd Y uses A directly (redis://); brokerd X asks the Sentinels; both 
 
 1. All three Sentinels name B: X is confirmed on B, waits out B's first-use recovery window and takes and
    gives back the slot there. Y takes the slot on A and holds it to the end.
-2. All three name A: the rounds move X there (once B's confirmation is stale) and confirm it.
+2. All three name A: the rounds move X there (once B's confirmation is stale) and confirm it; X holds
+   nothing then, so a waiter wakes its rounds (they rest on an idle node).
 3. Sentinel 0 (the one X asks and watches) alone names B and publishes +switch-master to it: X follows it
    at once, while the confirmation of A is fresh. X asks for the slot all along (on the waiting lane, again
    whenever refused): it must never be granted (B would grant it: Y holds the only slot on A, B knows nothing
@@ -132,12 +133,17 @@ class LoneSentinel(harness.BrokerTestCase):
         self.take_slot(x, TTL + 20).close()
         held = self.take_slot(y, TTL + 20)
 
-        # 2. All name A: the rounds move X there once B's confirmation is stale.
+        # 2. All name A: the rounds move X there once B's confirmation is stale. X holds nothing: its rounds rest
+        #    until a request wakes them (a waiter here, queued behind Y's lease once on A, withdrawn after).
         f0 = self.backend(x)["failovers"]
+        wait_for(lambda: self.backend(x).get("confirmedAgoMs", 0) > 3500, timeout=20,
+                 message="B's confirmation stale (X's rounds rest)")
         for s in self.sentinels:
             s.name(self.a.port)
+        waking = x.acquire("ci")
         wait_for(lambda: self.backend(x)["failovers"] == f0 + 1 and "confirmedAgoMs" in self.backend(x),
                  timeout=20, message="X moved to A by the rounds and confirmed there")
+        waking.close()
 
         # 3. Sentinel 0 alone moves X to B, while A's confirmation is fresh.
         self.sentinels[0].name(self.b.port, publish=True)

@@ -28,6 +28,9 @@ brokerds whose pool grid (limit 4) has backend = redis-sentinel://S1,S2,S3/grid-
 - One brokerd's connections to the Sentinels: two to the one it asks (its confirmation round's link, which
   carries its question too, and its +switch-master subscription), one to each other (the round's); with that
   Sentinel killed, the same to the next one it asks.
+- An idle brokerd asks the Sentinels nothing (its confirmation rounds rest while it holds nothing); a
+  fail-fast request after its confirmation went stale is granted (held for the round it wakes, not refused
+  "unconfirmed"), nothing is journaled as lost, and the rounds rest again once its lease ends.
 - Sentinels with requirepass: backend-sentinel-password-file= authenticates; a wrong one is refused, said
   in the journal, and the pool is unavailable (backend).
 - --check-config prints the sentinel URL and backend-sentinel-password-file=.
@@ -432,6 +435,63 @@ class TestSentinelConnections(unittest.TestCase):
         wait_for(lambda: [self.brokerd_clients(x) for x in s[1:]] == [asked, other], timeout=15,
                  message="the subscription moved to the second Sentinel, nothing more")
         self.assertTrue(b.pool("grid")["backend"]["up"])
+
+
+class TestSentinelRest(unittest.TestCase):
+    """An idle brokerd's confirmation rounds rest (brokerd.conf(5), "Room for the fleet behind Sentinels")."""
+
+    QUESTION = "sentinel|get-master-addr-by-name"
+
+    def setUp(self):
+        faults.skip_unless_shared_pools(self)
+        self.tmp = tempfile.mkdtemp(prefix="test-sentinel-rest-")
+        self.addCleanup(shutil.rmtree, self.tmp, True)
+        self.topo = Topology(self.tmp, sentinels=3, down_after=DOWN_AFTER).start()
+        self.addCleanup(self.topo.close)
+
+    def idle(self):
+        """Per Sentinel, the seconds since brokerd last asked it where the primary is (CLIENT LIST's idle of
+        brokerd's round link there; a Sentinel has no commandstats). None: no such link yet."""
+        out = []
+        for s in self.topo.sentinels:
+            fields = [dict(f.split("=", 1) for f in line.split() if "=" in f)
+                      for line in s.call("CLIENT", "LIST").splitlines()]
+            idle = [int(f["idle"]) for f in fields if f.get("name") == "" and f.get("cmd") == self.QUESTION]
+            out.append(min(idle) if idle else None)
+        return out
+
+    def resting(self):
+        """No Sentinel asked for more than three seconds (CLIENT LIST counts whole seconds of its clock)."""
+        return all(i is not None and i >= 4 for i in self.idle())
+
+    def test_an_idle_node_asks_nothing_and_still_grants_at_once(self):
+        b = Broker(config(self.topo.url(), 0, "[lane now]\npools = grid\npolicy = fail-fast\n"), name="rest").start()
+        self.addCleanup(b.stop)
+        backend = lambda: b.pool("grid").get("backend") or {}  # noqa: E731
+        wait_for(lambda: backend().get("up"), timeout=30, message="the pool served")
+        # The pool's first use is a recovery window (a node TTL): a waiter is granted after it.
+        first = b.acquire("grid")
+        first.until_granted(timeout=TTL + 20)
+        first.close()
+        # No round for over three seconds: no Sentinel asked, the confirmation older than a grant may rest on.
+        wait_for(self.resting, timeout=20, interval=0.2, message="the rounds to rest")
+        self.assertGreater(backend().get("confirmedAgoMs", 0), 3000, backend())
+        # Served all the same, by Status, whose view of the other nodes is fetched for it as ever.
+        self.assertTrue(backend().get("up"), backend())
+        self.assertNotIn("unavailable", backend())
+        self.assertLess(backend().get("snapshotAgeMs", 10**9), 1000, backend())
+
+        held = b.acquire("now")
+        self.addCleanup(held.close)
+        self.assertTrue(held.granted, held.msg)
+        # Every Sentinel was asked for it, within the second: the round it woke.
+        self.assertTrue(all(i is not None and i <= 1 for i in self.idle()), self.idle())
+        self.assertNotIn("BACKEND_UNCONFIRMED", b.log())
+        # Held, the lease is fenced from the rounds: they go on.
+        time.sleep(2.5)  # a window that a resting node would leave unasked, not a synchronisation
+        self.assertTrue(all(i is not None and i <= 1 for i in self.idle()), self.idle())
+        held.close()
+        wait_for(self.resting, timeout=20, interval=0.2, message="the rounds to rest again")
 
 
 class TestSentinelPassword(unittest.TestCase):

@@ -3466,6 +3466,92 @@ static void test_sentinel_start_fail_fast_is_refused_at_once(void **state) {
         assert_string_equal(f->seen[4].reason, "unconfirmed");
 }
 
+/* An idle node's rounds rest: its pool reads as served, quietly, and a request that may not wait is held (not
+ * refused "unconfirmed") until the round its arrival wakes confirms the primary, then decided by Redis. */
+static void test_sentinel_rest_holds_a_fail_fast_request_for_the_round_it_wakes(void **state) {
+        Fixture *f = *state;
+        bring_up(f, S(1));
+        pool_shared_set_confirmed(f->pool, S(1), S(1), S(1));
+        assert_true(pool_shared_confirm_may_rest(f->pool));
+        pool_shared_set_confirm_resting(f->pool, true, S(2), S(2));
+        SharedNotice n;
+        assert_false(pool_shared_pop_notice(f->pool, &n));
+        PoolInfo info;
+        f->pool->ops->info(f->pool, S(10), &info);
+        assert_true(info.backend_up);
+        assert_null(info.unavailable);
+
+        int a;
+        assert_int_equal(submit(f, &a, 1, false, S(10)), 0);
+        assert_int_equal(f->n_seen, 0);
+        no_call(f);
+        assert_false(pool_shared_confirm_may_rest(f->pool));
+        pool_shared_set_confirm_resting(f->pool, false, S(10), S(10)); /* stale: still held */
+        no_call(f);
+        pool_shared_set_confirmed(f->pool, S(10), S(10), S(10));
+        assert_false(pool_shared_pop_notice(f->pool, &n)); /* nothing was lost, nothing is regained */
+        const SharedCall *c = take(f, SHARED_SCRIPT_SUBMIT);
+        char rid[17];
+        snprintf(rid, sizeof rid, "%s", arg(c, 6));
+        done(f, c, reply("ok", S(10), decision("granted", rid, S(10), 0, "", 0, 7, arr(1, num(0))), EMPTY,
+                         cache(1, 0, 0, -1, "")), S(10), S(10));
+        assert_int_equal(f->n_seen, 1);
+        assert_int_equal(f->seen[0].verdict, POOL_VERDICT_GRANTED);
+        assert_ptr_equal(f->seen[0].cookie, &a);
+}
+
+/* A rest shorter than the confirmation's freshness: the request that ends it goes at once. */
+static void test_sentinel_short_rest_serves_at_once(void **state) {
+        Fixture *f = *state;
+        bring_up(f, S(1));
+        pool_shared_set_confirmed(f->pool, S(1), S(1), S(1));
+        pool_shared_set_confirm_resting(f->pool, true, S(2), S(2));
+        int a;
+        assert_int_equal(submit(f, &a, 1, false, S(3)), 0);
+        no_call(f);
+        pool_shared_set_confirm_resting(f->pool, false, S(3), S(3));
+        take(f, SHARED_SCRIPT_SUBMIT);
+        SharedNotice n;
+        assert_false(pool_shared_pop_notice(f->pool, &n));
+}
+
+/* The round a request woke does not confirm the primary (a brokerd cut off with an old one, idle until then): the
+ * confirmation is lost as if the rounds had gone on. The held request that may not wait is refused at once,
+ * the one that may is kept for the waiter grace from its arrival; nothing was sent for either. */
+static void test_sentinel_wake_round_without_a_majority_refuses_as_a_lost_confirmation(void **state) {
+        Fixture *f = *state;
+        bring_up(f, S(1));
+        pool_shared_set_confirmed(f->pool, S(1), S(1), S(1));
+        pool_shared_set_confirm_resting(f->pool, true, S(2), S(2));
+        int a, b;
+        assert_int_equal(submit(f, &a, 1, false, S(10)), 0);
+        assert_int_equal(submit(f, &b, 1, true, S(10)), 0);
+        pool_shared_set_confirm_resting(f->pool, false, S(10), S(10));
+        pool_shared_set_confirmed(f->pool, S(1), S(11), S(11)); /* no majority */
+        assert_int_equal(f->n_seen, 0);
+        pool_shared_confirm_round_failed(f->pool, S(11));
+        expect_notice(f, SHARED_NOTICE_UNCONFIRMED);
+        assert_int_equal(f->n_seen, 1);
+        assert_ptr_equal(f->seen[0].cookie, &a);
+        assert_int_equal(f->seen[0].refusal, REFUSAL_UNAVAILABLE);
+        assert_string_equal(f->seen[0].reason, "unconfirmed");
+        PoolInfo info;
+        f->pool->ops->info(f->pool, S(11), &info);
+        assert_false(info.backend_up);
+        assert_string_equal(info.unavailable, "unconfirmed");
+        f->pool->ops->run(f->pool, S(10) + WAITER_GRACE - 1);
+        assert_int_equal(f->n_seen, 1);
+        f->pool->ops->run(f->pool, S(10) + WAITER_GRACE);
+        assert_int_equal(f->n_seen, 2);
+        assert_ptr_equal(f->seen[1].cookie, &b);
+        assert_string_equal(f->seen[1].reason, "unconfirmed");
+        const SharedCall *c = NULL;
+        while (pool_shared_take_call(f->pool, f->clock, &c))
+                assert_int_not_equal(c->script, SHARED_SCRIPT_SUBMIT);
+        /* Lost, the confirmation keeps the rounds going (a refused request would never wake them). */
+        assert_false(pool_shared_confirm_may_rest(f->pool));
+}
+
 /* The hole of issue 12: a brokerd cut off with the old primary gets every heartbeat acknowledged by it. Its
  * leases must end by the last confirmation + TTL − margin all the same, and it must grant nothing new. */
 static void test_fence_counts_from_the_last_confirmation_not_the_heartbeats(void **state) {
@@ -4852,6 +4938,11 @@ int main(void) {
                                                 setup_sentinel, teardown),
                 cmocka_unit_test_setup_teardown(test_sentinel_start_fail_fast_is_refused_at_once, setup_sentinel,
                                                 teardown),
+                cmocka_unit_test_setup_teardown(test_sentinel_rest_holds_a_fail_fast_request_for_the_round_it_wakes,
+                                                setup_sentinel, teardown),
+                cmocka_unit_test_setup_teardown(test_sentinel_short_rest_serves_at_once, setup_sentinel, teardown),
+                cmocka_unit_test_setup_teardown(test_sentinel_wake_round_without_a_majority_refuses_as_a_lost_confirmation,
+                                                setup_sentinel, teardown),
                 cmocka_unit_test_setup_teardown(test_fence_counts_from_the_last_confirmation_not_the_heartbeats,
                                                 setup_sentinel, teardown),
                 cmocka_unit_test_setup_teardown(test_grant_from_an_unconfirmed_primary_is_refused_and_released,
