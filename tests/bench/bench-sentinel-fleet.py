@@ -13,10 +13,10 @@ other setting at its default, idle (no client). In one run:
      above its baseline, per brokerd; its clients (INFO clients) and the commands it answered (INFO stats'
      total_commands_processed) per brokerd per second.
 
-Each brokerd asks every Sentinel of its URL once a second (its confirmation round, a connection each, which
-carries its question where the primary is too), and keeps one more connection (its +switch-master
-subscription) to the one it asks: the first of the URL for all of them (brokerd.conf(5), "High availability:
-Redis Sentinel").
+Each brokerd keeps a connection to every Sentinel of its URL (its confirmation rounds', which carry its question
+where the primary is too) and one more (its +switch-master subscription) to the one it asks: the first of the
+URL for all of them. A brokerd that holds something asks every Sentinel once a second (a round); an idle one,
+as here, lets its rounds rest and asks nothing (brokerd.conf(5), "High availability: Redis Sentinel").
 
 Usage: bench-sentinel-fleet.py BROKERD [N [P]]   (default: 100 1)
 Environment: BENCH_FLEET_WINDOW (seconds, default 30), BENCH_FLEET_BASELINE (default 15), BENCH_FLEET_SETTLE
