@@ -403,23 +403,31 @@ class TestSentinelPartition(SentinelLoad):
               file=sys.stderr)
 
 
-class TestSentinelConnections(unittest.TestCase):
-    """What a fleet of N brokerds costs each Sentinel in connections (brokerd.conf(5), "Room for the fleet
-    behind Sentinels": about 2 N on the one asked, N on the others)."""
+class SentinelsAndOneBrokerd(unittest.TestCase):
+    """Three real Sentinels, and a brokerd a test starts; what the Sentinels see of its connections."""
 
     def setUp(self):
         faults.skip_unless_shared_pools(self)
-        self.tmp = tempfile.mkdtemp(prefix="test-sentinel-conn-")
+        self.tmp = tempfile.mkdtemp(prefix="test-sentinel-one-")
         self.addCleanup(shutil.rmtree, self.tmp, True)
         self.topo = Topology(self.tmp, sentinels=3, down_after=DOWN_AFTER).start()
         self.addCleanup(self.topo.close)
 
     @staticmethod
-    def brokerd_clients(sentinel):
-        """The Sentinel's clients that are brokerd's: the Sentinels name their links, the test's own asks."""
-        lines = sentinel.call("CLIENT", "LIST").splitlines()
-        fields = [dict(f.split("=", 1) for f in line.split() if "=" in f) for line in lines]
-        return sorted(f["cmd"] for f in fields if f.get("name") == "" and f.get("cmd") != "client|list")
+    def brokerd_links(sentinel):
+        """CLIENT LIST's fields of the Sentinel's clients that are brokerd's (the Sentinels name their links to
+        each other; the test's own connection is the one asking CLIENT LIST)."""
+        fields = [dict(f.split("=", 1) for f in line.split() if "=" in f)
+                  for line in sentinel.call("CLIENT", "LIST").splitlines()]
+        return [f for f in fields if f.get("name") == "" and f.get("cmd") != "client|list"]
+
+
+class TestSentinelConnections(SentinelsAndOneBrokerd):
+    """What a fleet of N brokerds costs each Sentinel in connections (brokerd.conf(5), "Room for the fleet
+    behind Sentinels": about 2 N on the one asked, N on the others)."""
+
+    def brokerd_clients(self, sentinel):
+        return sorted(f["cmd"] for f in self.brokerd_links(sentinel))
 
     def test_two_connections_to_the_sentinel_asked_one_to_the_others(self):
         b = Broker(config(self.topo.url(), 0), name="conn").start()
@@ -437,26 +445,17 @@ class TestSentinelConnections(unittest.TestCase):
         self.assertTrue(b.pool("grid")["backend"]["up"])
 
 
-class TestSentinelRest(unittest.TestCase):
+class TestSentinelRest(SentinelsAndOneBrokerd):
     """An idle brokerd's confirmation rounds rest (brokerd.conf(5), "Room for the fleet behind Sentinels")."""
 
     QUESTION = "sentinel|get-master-addr-by-name"
-
-    def setUp(self):
-        faults.skip_unless_shared_pools(self)
-        self.tmp = tempfile.mkdtemp(prefix="test-sentinel-rest-")
-        self.addCleanup(shutil.rmtree, self.tmp, True)
-        self.topo = Topology(self.tmp, sentinels=3, down_after=DOWN_AFTER).start()
-        self.addCleanup(self.topo.close)
 
     def idle(self):
         """Per Sentinel, the seconds since brokerd last asked it where the primary is (CLIENT LIST's idle of
         brokerd's round link there; a Sentinel has no commandstats). None: no such link yet."""
         out = []
         for s in self.topo.sentinels:
-            fields = [dict(f.split("=", 1) for f in line.split() if "=" in f)
-                      for line in s.call("CLIENT", "LIST").splitlines()]
-            idle = [int(f["idle"]) for f in fields if f.get("name") == "" and f.get("cmd") == self.QUESTION]
+            idle = [int(f["idle"]) for f in self.brokerd_links(s) if f.get("cmd") == self.QUESTION]
             out.append(min(idle) if idle else None)
         return out
 
