@@ -3,9 +3,9 @@
  * whether a majority of the Sentinels still says so.
  *
  * One Sentinel of the list at a time is asked `SENTINEL get-master-addr-by-name MASTER` (on its link of the
- * rounds below), and watched for `+switch-master` (on a subscribed link): a Sentinel that cannot be reached, does not
- * know MASTER, or answers nonsense makes the next one of the list current, the round over the whole list
- * spaced by a backoff. The answer is asked again whenever the watch (re)subscribes (pub/sub loses what is
+ * rounds below), and watched for `+switch-master` (on a subscribed link): a Sentinel that cannot be reached,
+ * does not know MASTER, or answers nonsense makes the next one of the list current, the round over the whole
+ * list spaced by a backoff. The answer is asked again whenever the watch (re)subscribes (pub/sub loses what is
  * published while not subscribed), and when the owner says the named primary refused or cannot be reached
  * (sentinel_rediscover()).
  *

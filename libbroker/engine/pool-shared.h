@@ -224,9 +224,9 @@ usec_t pool_shared_fence_deadline(const Pool *p);
 void pool_shared_set_confirmed(Pool *p, usec_t confirmed_boot, usec_t boot_now, usec_t now);
 /* The driver's rounds rest (resting true: no pool of its backend holds anything of this node's, and none is
  * asked until one does) or go again. While they rest the confirmation counts as stale, quietly: no notice,
- * Status reads the pool as served, and every request is held (fail-fast ones too, the waiter grace at most)
- * until a confirmation handed in after the rest is fresh. A rest that ends within confirm_stale of the last
- * confirmation serves again at once. */
+ * Status reads the pool as served (while its primary is the one the last round confirmed), and every request
+ * is held (fail-fast ones too, the waiter grace at most) until a confirmation handed in after the rest is
+ * fresh. A rest that ends within confirm_stale of the last confirmation serves again at once. */
 void pool_shared_set_confirm_resting(Pool *p, bool resting, usec_t boot_now, usec_t now);
 /* A round that began after the rest ended did not confirm the primary: the confirmation is lost as if the
  * rounds had gone on (notice, held requests that may not wait refused "unconfirmed", the others kept for the
