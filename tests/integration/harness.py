@@ -71,15 +71,25 @@ def children_of(pid):
         return []
 
 
+class NotThereYet(AssertionError):
+    """What a state accessor raises for something not there (a pool not in Status): a failure when asserted
+    directly, and "not yet" for wait_for(), whose predicate may run before a reload that makes it."""
+
+
 def wait_for(predicate, timeout=DEFAULT_TIMEOUT, interval=POLL_INTERVAL, message="condition"):
     """Polls predicate() every `interval` seconds until it returns a truthy value, which is returned.
-    Fails (AssertionError) after `timeout` seconds, naming `message` and the last value seen."""
+    Fails (AssertionError) after `timeout` seconds, naming `message` and the last value seen (NotThereYet
+    raised by the predicate counts as a false value)."""
     deadline = time.monotonic() + timeout
     last = None
     while True:
-        last = predicate()
-        if last:
-            return last
+        try:
+            last = predicate()
+        except NotThereYet as e:
+            last = e
+        else:
+            if last:
+                return last
         if time.monotonic() >= deadline:
             raise AssertionError(f"timed out after {timeout:.1f} s waiting for {message} (last value: {last!r})")
         time.sleep(interval)
@@ -709,7 +719,7 @@ class Broker:
         for p in (status or self.status())["pools"]:
             if p["name"] == name:
                 return p
-        raise AssertionError(f"pool {name} not in Status")
+        raise NotThereYet(f"pool {name} not in Status")
 
     def acquire(self, lane, more=True, timeout=DEFAULT_TIMEOUT, **params):
         return acquire(self.socket_path, lane, more=more, timeout=timeout, **params)
