@@ -1076,9 +1076,9 @@ int backend_table_pool_new(const PoolConfig *pc, const char *name, PoolEmitFn em
         /* A link already up, the last confirmation and the rounds' rest tell only the pools they knew: this
          * one learns here. */
         if (b->sentinel) {
-                pool_shared_set_confirm_resting(bp->pool, b->confirm_resting, now_boottime(), now_monotonic());
-                pool_shared_set_confirmed(bp->pool, sentinel_get_confirmed(b->sentinel), now_boottime(),
-                                          now_monotonic());
+                usec_t boot = now_boottime(), now = now_monotonic();
+                pool_shared_set_confirm_resting(bp->pool, b->confirm_resting, boot, now);
+                pool_shared_set_confirmed(bp->pool, sentinel_get_confirmed(b->sentinel), boot, now);
         }
         if (redis_link_get_state(b->commands) == REDIS_LINK_UP)
                 pool_shared_link_up(bp->pool, redis_link_get_run_id(b->commands) ?: "", now_monotonic());

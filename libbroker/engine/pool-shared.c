@@ -620,6 +620,12 @@ static bool pool_confirm_rests_served(const SharedPool *p) {
         return pool_confirm_rests(p) && p->primary_confirmed_boot > 0;
 }
 
+/* Status's fetch of who holds and waits decides nothing: it goes while the pool serves, and while an idle
+ * node's confirmation rests. */
+static bool pool_fetches_status(const SharedPool *p) {
+        return pool_serves(p) || pool_confirm_rests(p);
+}
+
 /* Whether this node gives back to Redis now what it holds or awaits there (its releases and withdrawals): while
  * it serves the pool, and also while its rules differ from the stored ones. Those refuse new requests only: the
  * node is registered and heartbeating, so Redis would never reap what it keeps of it, and a lease ended or a
@@ -635,8 +641,7 @@ static bool pool_gives_back(const SharedPool *p) {
 static bool call_may_go(const SharedPool *p, const Call *c) {
         if (c->script == SHARED_SCRIPT_TICK || pool_serves(p))
                 return true;
-        /* Status's fetch of who holds and waits decides nothing: it goes while the confirmation rests. */
-        if (c->script == SHARED_SCRIPT_POSITIONS && streq(c->argv[6], "status") && pool_confirm_rests(p))
+        if (c->script == SHARED_SCRIPT_POSITIONS && streq(c->argv[6], "status") && pool_fetches_status(p))
                 return true;
         return (c->script == SHARED_SCRIPT_RELEASE || c->script == SHARED_SCRIPT_WITHDRAW) && pool_gives_back(p);
 }
@@ -4574,8 +4579,7 @@ static void shared_run(Pool *base, usec_t now) {
                 sets_say_ready_again(p, now);
         p->served_at_run = operations;
         bool paged = false; /* a page of this node's waiters' places is queued already */
-        /* Status's fetch decides nothing: an idle node's, whose rounds rest, goes too. */
-        if ((operations || pool_confirm_rests(p)) && now < p->status_until && !p->status_pending &&
+        if (pool_fetches_status(p) && now < p->status_until && !p->status_pending &&
             (p->status_last == 0 || now >= usec_add(p->status_last, USEC_PER_SEC)))
                 paged = queue_status(p, now) >= 0;
         /* A tick of an earlier instant may still be out (the engine settles the instants before `now` one
@@ -4764,7 +4768,7 @@ static int shared_refresh_snapshot(Pool *base, usec_t since, usec_t now) {
         p->status_until = usec_add(now, SHARED_STATUS_KEEP);
         if (p->snap_valid && p->snap_at >= since)
                 return 0;
-        if (!p->link_up || p->state == SHARED_STATE_REFUSED || !(pool_serves(p) || pool_confirm_rests(p)))
+        if (!p->link_up || p->state == SHARED_STATE_REFUSED || !pool_fetches_status(p))
                 return 0; /* no fetch would be answered: the last snapshot is all there is */
         if (p->status_pending)
                 return 1; /* asked before `since`, maybe: the next call after its answer asks again */
