@@ -291,7 +291,8 @@ static BackendPool *backend_next_caller(Backend *b) {
 
 /* Every call the pools may send now, in the order the engine made them whatever the pool (a pool's batch
  * goes at its first call's place): Redis decides as the engine's in-process pools would (a set granted
- * in one pool after another pool ran at the same instant, test-shared-diff). */
+ * in one pool after another pool ran at the same instant, test-shared-diff). The oldest call waiting for its
+ * pool's call out to be answered stops it there: nothing made after it passes it. */
 static void backend_send_calls(Backend *b) {
         const SharedCall *c;
         usec_t now = now_monotonic();
@@ -1055,8 +1056,9 @@ int backend_table_pool_new(const PoolConfig *pc, const char *name, PoolEmitFn em
                         .detach_userdata = b,
                         .find_pool = backend_find_pool,
                         .find_pool_userdata = b,
-                        /* One FCALL per pool per loop iteration carries what its outbox holds (batch.lua). */
+                        /* One FCALL carries what a pool's outbox holds (batch.lua), one out at a time. */
                         .batch_max = t->batch_max ?: SHARED_BATCH_OPS_MAX,
+                        .one_call_out = true,
                         .call_order = &b->call_order,
                 };
                 r = pool_shared_new(name, &bp->params, emit, emit_userdata, &bp->pool);
@@ -1220,8 +1222,12 @@ void backend_table_send_first(BackendTable *t) {
                 /* Every pool's flag is taken: one left set would send a later dispatch's calls early. */
                 for (size_t j = 0; j < b->n_pools; j++)
                         first = pool_shared_take_send_first(b->pools[j]->pool) || first;
-                if (first)
-                        (void) on_flush(b->flush, b);
+                if (!first)
+                        continue;
+                /* The withdraw and every call before it, of any pool (they go in the engine's order). */
+                for (size_t j = 0; j < b->n_pools; j++)
+                        pool_shared_send_queued_now(b->pools[j]->pool);
+                (void) on_flush(b->flush, b);
         }
 }
 

@@ -203,6 +203,7 @@ typedef struct SharedPool {
         usec_t gauge_from;
         bool tick_pending;     /* a tick is in the outbox */
         bool send_first;       /* a refusal it emitted withdraws its try: pool_shared_take_send_first() */
+        uint64_t send_through; /* the calls of order ≤ this go at once, one out or not (send_queued_now()) */
         unsigned settling;     /* "settling" answers in a row (settling_hold()) */
         usec_t settling_pause; /* until then a call answered "settling" is held, and no tick goes */
         bool run_pending;      /* a run() tick is in the outbox: next_wakeup() says USEC_INFINITY */
@@ -888,6 +889,41 @@ static bool set_pools_serve(SharedPool *p, const Call *c) {
         return true;
 }
 
+/* Longer than a call can be out: a link closes on a command unanswered for 2 s (brokerd/redis-link.h), and
+ * what was out goes again. One still marked out after this was answered and not let go (a bug): it holds no
+ * call back (call_waits_for_company()), so that such a bug costs a pause, not the pool. */
+#define CALL_OUT_MAX (5 * USEC_PER_SEC)
+
+/* Whether a call of this pool is out (a WAIT aside: it decides nothing). A batch's calls are marked out too. */
+static bool call_is_out(SharedPool *p, usec_t now) {
+        list_foreach(n, &p->outbox) {
+                const Call *c = container_of(n, Call, node);
+                if (c->sent && !c->wait && now - MIN(now, c->sent_at) < CALL_OUT_MAX)
+                        return true;
+        }
+        return false;
+}
+
+/* A group commit: while a call of the pool is out, the next one waits for its answer, unless a full batch
+ * waits already or the call must go at once (send_through). What the engine queues meanwhile goes as one
+ * batch: a call costs Redis a fixed part (the checks every call makes, about 600 k instructions, as much as
+ * three operations: tests/bench/README.md, "Stop 66"), and a pool that sent every loop iteration's few
+ * operations at once made Redis pay it per operation or two as soon as its load was moderate, queueing
+ * everyone's calls behind those fixed parts. The cost: an operation that arrives while a call is out waits
+ * for that call's answer (a round trip at most). */
+static bool call_waits_for_company(SharedPool *p, const Call *first, usec_t now) {
+        if (!p->params.one_call_out || first->wait || first->order <= p->send_through || !call_is_out(p, now))
+                return false;
+        unsigned max = MIN(p->params.batch_max, SHARED_BATCH_OPS_MAX), n = 0;
+        if (max < 2 || !call_batchable(first))
+                return true;
+        for (const ListNode *i = &first->node; i != &p->outbox && n < max; i = i->next) {
+                const Call *c = container_of(i, Call, node);
+                n += !c->sent && call_batchable(c);
+        }
+        return n < max;
+}
+
 /* The oldest call that may be sent now, or NULL. A WAIT nobody awaits any more is dropped on the way. */
 static Call *outbox_next(SharedPool *p) {
         if (!p->link_up || refused_quiet(p))
@@ -938,10 +974,16 @@ bool pool_shared_take_send_first(Pool *base) {
         return r;
 }
 
+void pool_shared_send_queued_now(Pool *base) {
+        SharedPool *p = SHARED(base);
+        if (!list_is_empty(&p->outbox))
+                p->send_through = MAX(p->send_through, container_of(p->outbox.prev, Call, node)->order);
+}
+
 bool pool_shared_take_call(Pool *base, usec_t now, const SharedCall **ret) {
         SharedPool *p = SHARED(base);
         Call *c = outbox_next(p);
-        if (!c)
+        if (!c || call_waits_for_company(p, c, now))
                 return false;
         if (!c->wait && (call_set_run_id(c, p->run_id) < 0 || call_set_reclaimed(c, p) < 0))
                 return false; /* out of memory: tried again at the next wake-up */
@@ -2688,8 +2730,11 @@ static void events_apply(SharedPool *p, const RespValue *events, usec_t now) {
 static void call_park(SharedPool *p, Call *c, bool ran, const char *reason, usec_t now) {
         if (c->script == SHARED_SCRIPT_SUBMIT) {
                 PoolWaiter *w = try_find(p, c->rid);
-                /* One that may have run is withdrawn; one that did not is dropped (by try_refuse_locally()). */
+                /* One that may have run is withdrawn; one that did not is dropped (by try_refuse_locally()).
+                 * Answered, it is not out: left marked so, it stayed in the outbox with a needless withdraw
+                 * after it, and held every later call of the pool back (call_waits_for_company()). */
                 c->ever_sent = ran;
+                c->sent = false;
                 if (ran || !w)
                         call_free(c);
                 if (w)

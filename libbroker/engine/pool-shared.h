@@ -121,6 +121,10 @@ typedef struct SharedPoolParams {
         /* At most this many operations go in one call (a batch: brokerd/lua/batch.lua), ≤ SHARED_BATCH_OPS_MAX;
          * 0 or 1: one call each (the EVALSHA form: tests, benchmarks). */
         unsigned batch_max;
+        /* One call out at a time, a group commit (the daemon's): while a call is unanswered the next waits for
+         * its answer, unless a full batch (batch_max) waits or the driver sends what is queued at once
+         * (pool_shared_send_queued_now()). false: every call goes when the driver asks (tests of the calls). */
+        bool one_call_out;
         /* The pool of this name on the same backend (the same link, the same node), not retired; NULL: none.
          * An all-or-nothing set (SPEC §3.5, also=) is one call over its pools: the chosen pool's object sends
          * it and gives each other pool its part of the answer. NULL: such sets are refused (-EOPNOTSUPP). */
@@ -180,18 +184,22 @@ typedef struct SharedPoolParams {
 int pool_shared_new(const char *name, const SharedPoolParams *params, PoolEmitFn emit, void *emit_userdata,
                     Pool **ret);
 
-/* The oldest call that may be sent now (monotonic: the round trip counts from it); false when none. Calls
- * are sent in this order on one connection. */
+/* The oldest call that may be sent now (monotonic: the round trip counts from it); false when none, or while
+ * it waits for the answer to the one out (one_call_out). Calls are sent in this order on one connection. */
 bool pool_shared_take_call(Pool *p, usec_t now, const SharedCall **ret);
-/* The number (SharedPoolParams.call_order) of the call pool_shared_take_call() would take now; false when
- * none. A driver of several pools on one link takes from the pool whose next call is oldest: a decision of
- * one pool that the engine made after another pool's call (a set granted once another pool has run) then
- * reaches Redis after it, as an in-process pool would have made it. */
+/* The number (SharedPoolParams.call_order) of the call next in line, the one pool_shared_take_call() takes
+ * unless it waits for the answer to the one out; false when none. A driver of several pools on one link takes
+ * from the pool whose next call is oldest, and sends nothing more while that one waits: a decision of one pool
+ * that the engine made after another pool's call (a set granted once another pool has run) then reaches
+ * Redis after it, as an in-process pool would have made it. */
 bool pool_shared_next_call(Pool *p, uint64_t *ret_order);
 /* Whether a decision emitted since the last call made this node take a try out of Redis (a waiter refused
  * here: the rules differ, the link is down, its budget ended): its driver sends the calls before the decision
  * is told, or the refused client could queue on another node while Redis still counts it. Clears it. */
 bool pool_shared_take_send_first(Pool *p);
+/* Every call queued so far goes when the driver next asks, whether a call is out or not (one_call_out):
+ * what a send_first's driver does to every pool of its link before it sends. */
+void pool_shared_send_queued_now(Pool *p);
 /* The answer to a taken call. reply NULL: error < 0 (-ETIMEDOUT, -ECONNRESET, -ENOTCONN: it may or may not
  * have run; it is sent again, identical, when the link is back). sent_boot: CLOCK_BOOTTIME when it was
  * sent; now: monotonic. */

@@ -162,6 +162,8 @@ static void on_wake(void *userdata) {
 
 /* SharedPoolParams.batch_max of the next fixture (setup_batched()); 0: one call each. */
 static unsigned fixture_batch_max;
+/* SharedPoolParams.one_call_out of the next fixture (setup_one_call_out()). */
+static bool fixture_one_call_out;
 /* The next fixture's pool name and SharedPoolParams.find_pool (a set's fixture: setup_set()). */
 static const char *fixture_name = "grid";
 static Pool *(*fixture_find_pool)(const char *name, void *userdata);
@@ -188,11 +190,13 @@ static Fixture *fixture_new_confirmed(bool manual, usec_t confirm_stale) {
                 .wake = on_wake,
                 .wake_userdata = f,
                 .batch_max = fixture_batch_max,
+                .one_call_out = fixture_one_call_out,
                 .find_pool = fixture_find_pool,
                 .find_pool_userdata = fixture_find_pool_userdata,
                 .call_order = fixture_call_order,
         };
         fixture_batch_max = 0;
+        fixture_one_call_out = false;
         assert_int_equal(pool_shared_new(fixture_name, &params, on_decision, f, &f->pool), 0);
         PoolConfig pc = { .name = (char *) fixture_name, .limit = 2, .max_queue = -1 };
         PoolLaneRule rules[] = { { .lane = "ci", .priority = 0, .max_in_use = -1 } };
@@ -223,6 +227,14 @@ static int setup_manual(void **state) {
 
 static int setup_batched(void **state) {
         fixture_batch_max = SHARED_BATCH_OPS_MAX;
+        *state = fixture_new(false);
+        return 0;
+}
+
+/* The daemon's form: batches, one call out at a time. */
+static int setup_one_call_out(void **state) {
+        fixture_batch_max = SHARED_BATCH_OPS_MAX;
+        fixture_one_call_out = true;
         *state = fixture_new(false);
         return 0;
 }
@@ -4066,6 +4078,108 @@ static void test_without_batches_each_call_goes_alone(void **state) {
         no_call(f);
 }
 
+/* One call out at a time (the daemon's group commit): what is queued while a call is out waits for its answer
+ * and then goes as one batch; a tick too. */
+static void test_one_call_out_the_next_waits_for_its_answer(void **state) {
+        Fixture *f = *state;
+        bring_up(f, S(1));
+        int first, more[3];
+        char rids[3][17];
+        assert_int_equal(submit(f, &first, 1, true, S(2)), 0);
+        const SharedCall *c = take(f, SHARED_SCRIPT_SUBMIT);
+        char rid[17];
+        snprintf(rid, sizeof rid, "%s", arg(c, 6));
+        submit_n(f, more, 3, S(2));
+        no_call(f);
+        assert_int_equal(f->n_seen, 0);
+        done(f, c, granted_reply(rid, S(2), 7, 0), S(2), S(2));
+        assert_int_equal(f->n_seen, 1);
+        c = take_batch(f, 3, rids);
+        no_call(f);
+        f->clock = S(4); /* a heartbeat is due: it waits too */
+        f->pool->ops->run(f->pool, S(4));
+        no_call(f);
+        done(f, c, arr(3, granted_reply(rids[0], S(2), 8, 1), queued_reply(rids[1], S(2)),
+                       queued_reply(rids[2], S(2))), S(2), S(4));
+        assert_int_equal(f->n_seen, 4);
+        tick_ok(f, S(4), S(4));
+        no_call(f);
+}
+
+/* A full batch does not wait: a busy pool is not held to one batch a round trip. */
+static void test_one_call_out_a_full_batch_goes_at_once(void **state) {
+        Fixture *f = *state;
+        bring_up(f, S(1));
+        int first, more[SHARED_BATCH_OPS_MAX + 1];
+        assert_int_equal(submit(f, &first, 1, true, S(2)), 0);
+        take(f, SHARED_SCRIPT_SUBMIT);
+        submit_n(f, more, SHARED_BATCH_OPS_MAX - 1, S(2));
+        no_call(f);
+        submit_n(f, more + SHARED_BATCH_OPS_MAX - 1, 2, S(2));
+        const SharedCall *c = take(f, SHARED_SCRIPT_BATCH);
+        assert_int_equal(strtoul(arg(c, 6), NULL, 10), SHARED_BATCH_OPS_MAX);
+        no_call(f); /* the one left waits */
+}
+
+/* What must reach Redis before a decision is told (pool_shared_send_queued_now(): a refusal's withdraw) goes
+ * whatever is out, with every call before it; one queued after it waits again. A link lost takes what was out
+ * with it: nothing waits for its answer. */
+static void test_one_call_out_gives_way_to_send_now_and_to_a_lost_link(void **state) {
+        Fixture *f = *state;
+        bring_up(f, S(1));
+        int a, b, c2;
+        assert_int_equal(submit(f, &a, 1, true, S(2)), 0);
+        const SharedCall *c = take(f, SHARED_SCRIPT_SUBMIT);
+        uint64_t out = c->id;
+        assert_int_equal(submit(f, &b, 1, true, S(2)), 0);
+        no_call(f);
+        pool_shared_send_queued_now(f->pool);
+        take(f, SHARED_SCRIPT_SUBMIT);
+        assert_int_equal(submit(f, &c2, 1, true, S(2)), 0);
+        no_call(f);
+
+        pool_shared_link_down(f->pool, S(3));
+        pool_shared_link_up(f->pool, "run1", S(3));
+        pool_shared_call_done(f->pool, out, -ECONNRESET, NULL, S(2), S(3)); /* the old link's, late */
+        tick_ok(f, S(3), S(3));
+        take_batch(f, 3, NULL);
+        no_call(f);
+}
+
+/* A submit answered "rules" did not run: refused here, it is not out any more (the heartbeat behind it goes)
+ * and nothing is withdrawn. */
+static void test_one_call_out_a_submit_refused_rules_is_not_out(void **state) {
+        Fixture *f = *state;
+        bring_up(f, S(1));
+        int a;
+        assert_int_equal(submit(f, &a, 1, true, S(2)), 0);
+        const SharedCall *c = take(f, SHARED_SCRIPT_SUBMIT);
+        f->clock = S(4);
+        f->pool->ops->run(f->pool, S(4));
+        no_call(f);
+        done(f, c, reply("rules", S(4), EMPTY, EMPTY, cache(0, 0, 0, -1, "")), S(2), S(4));
+        assert_int_equal(f->n_seen, 1);
+        assert_int_equal(f->seen[0].verdict, POOL_VERDICT_REFUSED);
+        assert_string_equal(f->seen[0].reason, "rules");
+        take(f, SHARED_SCRIPT_TICK);
+        no_call(f);
+}
+
+/* A call marked out far longer than a link lets a command be (a bug would leave it so) holds nothing back. */
+static void test_one_call_out_ignores_a_call_out_too_long(void **state) {
+        Fixture *f = *state;
+        bring_up(f, S(1));
+        int a, b;
+        assert_int_equal(submit(f, &a, 1, true, S(2)), 0);
+        f->clock = S(2);
+        take(f, SHARED_SCRIPT_SUBMIT);
+        assert_int_equal(submit(f, &b, 1, true, S(2)), 0);
+        f->clock = S(6);
+        no_call(f);
+        f->clock = S(8);
+        take(f, SHARED_SCRIPT_SUBMIT);
+}
+
 /* The pool up, three requests (cookies) made in one loop iteration: their batch, taken (their rids). */
 static const SharedCall *batch_of_three(Fixture *f, int cookies[static 3], char rids[3][17]) {
         bring_up(f, S(1));
@@ -4920,6 +5034,16 @@ int main(void) {
                 cmocka_unit_test_setup_teardown(test_batch_carries_the_outbox_and_splits_the_answer, setup_batched,
                                                 teardown),
                 cmocka_unit_test_setup_teardown(test_batch_is_bounded, setup_batched, teardown),
+                cmocka_unit_test_setup_teardown(test_one_call_out_the_next_waits_for_its_answer, setup_one_call_out,
+                                                teardown),
+                cmocka_unit_test_setup_teardown(test_one_call_out_a_full_batch_goes_at_once, setup_one_call_out,
+                                                teardown),
+                cmocka_unit_test_setup_teardown(test_one_call_out_gives_way_to_send_now_and_to_a_lost_link,
+                                                setup_one_call_out, teardown),
+                cmocka_unit_test_setup_teardown(test_one_call_out_a_submit_refused_rules_is_not_out, setup_one_call_out,
+                                                teardown),
+                cmocka_unit_test_setup_teardown(test_one_call_out_ignores_a_call_out_too_long, setup_one_call_out,
+                                                teardown),
                 T(test_without_batches_each_call_goes_alone),
                 cmocka_unit_test_setup_teardown(test_batch_settling_in_the_middle_sends_the_rest_again, setup_batched,
                                                 teardown),
