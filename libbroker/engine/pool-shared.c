@@ -894,7 +894,8 @@ static bool set_pools_serve(SharedPool *p, const Call *c) {
  * call back (call_waits_for_company()), so that such a bug costs a pause, not the pool. */
 #define CALL_OUT_MAX (5 * USEC_PER_SEC)
 
-/* Whether a call of this pool is out (a WAIT aside: it decides nothing). A batch's calls are marked out too. */
+/* Whether a call of this pool is out (a WAIT aside: it decides nothing). A batch's calls are marked out too.
+ * (calls_out() counts WAITs as well, and any age: what a manual clock's stream entries wait for.) */
 static bool call_is_out(SharedPool *p, usec_t now) {
         list_foreach(n, &p->outbox) {
                 const Call *c = container_of(n, Call, node);
@@ -917,6 +918,8 @@ static bool call_waits_for_company(SharedPool *p, const Call *first, usec_t now)
         unsigned max = MIN(p->params.batch_max, SHARED_BATCH_OPS_MAX), n = 0;
         if (max < 2 || !call_batchable(first))
                 return true;
+        /* Counted roughly: a call batch_make() would pass over (held, waiting for the rules) counts too, which
+         * at worst lets a batch go early. */
         for (const ListNode *i = &first->node; i != &p->outbox && n < max; i = i->next) {
                 const Call *c = container_of(i, Call, node);
                 n += !c->sent && call_batchable(c);
