@@ -116,8 +116,8 @@ local bnow, bclock_id, bskew    -- the backend clock of this call (backend_clock
 -- What one operation of a batch leaves to the next (batch.lua; README, "Batches"): nothing but the batch
 -- runs in between, so what the first read or wrote is what Redis holds for the next. call_begin(true) keeps
 -- it, call_begin() starts afresh. Fields (all nil when unset):
---   on         this operation was begun with call_begin(true): M, R, lane_cache, meta_dirty, meta_stored,
---              fp_delta and the instant (now, raw_time, the backend clock) come from the operation before
+--   on         this operation was begun with call_begin(true): M, R, lane_cache, meta_dirty, fp_delta
+--              and the instant (now, raw_time, the backend clock) come from the operation before
 --   defer      flush() waits for batch_flush() (the batch's end, or an operation that reads meta, lane
 --              counters or fingerprints from Redis: tick, reclaim)
 --   inc_ok     the node hash's inc is the caller's incarnation (only a tick changes it)
@@ -179,9 +179,13 @@ end
 
 -- Changes to meta, lane counters and fingerprints are kept here and written once, by flush() (every
 -- reply does it): a grant touches each of them, and a command costs more than the Lua around it.
--- meta_stored: what meta holds in Redis (the strings read, then what flush() wrote): a field set back to
--- what it holds is not written again (an idle tick's instant sets and clears the same fields).
-local meta_dirty, meta_stored
+-- meta_dirty: field -> what Redis holds for it, taken when the field is first set since meta_load() or
+-- flush() (M's value then: meta_load()'s, a number for META_NUMBERS' fields, or what flush() wrote); a
+-- field set back to what it holds is not written again (an idle tick's instant sets and clears the same
+-- fields). NOT_HELD: nothing there; GARBAGE: meta_load() read garbage there, written whatever the value.
+-- (A copy of meta's ~30 fields a call was ~4 µs of Redis's time, a twentieth of a call's fixed part.)
+local meta_dirty
+local NOT_HELD, GARBAGE = {}, {}
 
 local meta_load
 do -- (its helpers local to this block: Lua allows the main chunk 200 locals)
@@ -194,18 +198,19 @@ do -- (its helpers local to this block: Lua allows the main chunk 200 locals)
 
         meta_load = function()
                 local a = redis.call('HGETALL', K.meta)
-                for i = 1, #a, 2 do
-                        M[a[i]] = a[i + 1]
-                        meta_stored[a[i]] = a[i + 1]
-                end
+                for i = 1, #a, 2 do M[a[i]] = a[i + 1] end
                 for i = 1, #META_NUMBERS do -- (not ipairs(): a call an iteration, once a call)
                         local f = META_NUMBERS[i]
-                        local v = tonumber(M[f] or '0')
-                        -- Not a finite number (anyone may write meta): 0 for now, and the pool is lost
-                        -- (integrity_lost()), made anew under a recovery window, this 0 written over it. A version
-                        -- is refused instead ("version").
-                        if not (v and v == v and v > -INF and v < INF) and f ~= 'version' then
-                                v, M.garbage, meta_dirty[f] = 0, f, true
+                        local s, v = M[f], 0
+                        -- (Most are "0" or none: a tonumber() parses its string twice, ~75 ns even for "0".)
+                        if s ~= nil and s ~= '0' then
+                                v = tonumber(s)
+                                -- Not a finite number (anyone may write meta): 0 for now, and the pool is lost
+                                -- (integrity_lost()), made anew under a recovery window, this 0 written over
+                                -- it. A version is refused instead ("version").
+                                if not (v and v == v and v > -INF and v < INF) and f ~= 'version' then
+                                        v, M.garbage, meta_dirty[f] = 0, f, GARBAGE
+                                end
                         end
                         M[f] = v
                 end
@@ -214,8 +219,11 @@ do -- (its helpers local to this block: Lua allows the main chunk 200 locals)
 end
 
 local function meta_set(field, value)
+        if meta_dirty[field] == nil then
+                local held = M[field]
+                meta_dirty[field] = held == nil and NOT_HELD or held
+        end
         M[field] = value
-        meta_dirty[field] = true
 end
 
 local function meta_incr(field, by)
@@ -351,7 +359,7 @@ end
 -- "0x…", exponents or fractions, ≤ 16 digits: exact in a double).
 local function int_of(s)
         if type(s) ~= 'string' or #s > 17 or not string.find(s, '^%-?%d+$') then return nil end
-        return tonumber(s)
+        return s + 0 -- (digits: one strtod(), where tonumber() makes two)
 end
 
 -- The backend clock (sb:clock): Redis's TIME minus a skew that absorbs the gaps in which no call of any
@@ -409,7 +417,7 @@ end
 -- never go back. Returns false when a manual now goes backwards.
 local function clock(manual)
         local tm = redis.call('TIME')
-        raw_time = tonumber(tm[1]) * USEC_PER_SEC + tonumber(tm[2])
+        raw_time = tm[1] * USEC_PER_SEC + tm[2] -- (Redis's own digits: one strtod() each, where tonumber() makes two)
         local c = redis.call('HMGET', K.clock, 'last_time', 'last_now', 'skew', 'bid', 'bskew')
         local last_time, last_now, skew_stored = tonumber(c[1]), tonumber(c[2]), tonumber(c[3])
         -- Garbage where an integer must be (a key anyone may write; x % 1 is NaN for NaN and ±inf) is a
@@ -622,17 +630,17 @@ end
 local function flush()
         if carry.defer then return end
         local set, del = {}, {}
-        for f in pairs(meta_dirty) do
-                local v, held = M[f], meta_stored[f]
+        for f, held in pairs(meta_dirty) do
+                local v = M[f]
+                if held == NOT_HELD then held = nil end
                 if v == nil then
                         if held ~= nil then del[#del + 1] = f end
-                elseif held == nil or (held ~= v and tonumber(held) ~= v) then
+                elseif held == nil or held == GARBAGE or (held ~= v and tonumber(held) ~= v) then
                         set[#set + 1] = f
                         set[#set + 1] = v
                 end
-                meta_stored[f] = v
         end
-        meta_dirty = {}
+        meta_dirty = {} -- (Redis holds M's values now: the next meta_set() of a field takes them)
         if #set > 0 then redis.call('HSET', K.meta, unpack(set)) end
         if #del > 0 then redis.call('HDEL', K.meta, unpack(del)) end
         for l, c in pairs(lane_cache) do
@@ -1865,8 +1873,9 @@ local function lease_get(token)
         }
 end
 
-local function lease_put(l)
-        redis.call('HSET', K.h, istr(l.token), cmsgpack.pack({
+-- token_s: istr(l.token) when the caller made it already (string.format() is ~200 ns).
+local function lease_put(l, token_s)
+        redis.call('HSET', K.h, token_s or istr(l.token), cmsgpack.pack({
                 l.node, l.rid, l.lane, l.k, l.slots, l.pos, l.members, l.at, l.wait, l.state, l.idle,
                 wire(l.budget), l.orphan and 1 or 0, l.hjob and 1 or 0, l.fp,
         }))
@@ -1935,7 +1944,7 @@ local function grant(node, rid, lane, k, arrival, t, w, places, quarantined)
         meta_incr('in_use', k)
         meta_incr('leases', 1)
         lane_incr(lane, 'used', k)
-        lease_put(l)
+        lease_put(l, token_s)
         if w then
                 record_turn_into_lease(node, rid, 'l:' .. token_s, l.fp)
         else
@@ -2572,12 +2581,15 @@ do -- (its helpers local to this block: Lua allows the main chunk 200 locals)
 
         -- The first entries of the keys whose scores make instants due (next_due(), instant()): read once, and
         -- kept (carry.heads) while the operation caches them (carry.heads_on) until something writes one of those
-        -- keys (every such write drops them). Key -> ZRANGE … WITHSCORES.
+        -- keys (every such write drops them). Key -> ZRANGE … WITHSCORES: ~2 µs of Redis's time each, its
+        -- scores printed with "%.17g" (bench-lua-units.py). Without a waiter dl holds no deadline (garbage in it
+        -- is dropped by the instant after the next waiter's: expire()), and is not read.
         local function heads()
                 local h = carry.heads
                 if h and carry.heads_on then return h end
+                local no_waiter = M.waiting == 0 and HEALTH.waiting() == 0
                 h = {
-                        [K.dl] = redis.call('ZRANGE', K.dl, '0', '0', 'WITHSCORES'),
+                        [K.dl] = no_waiter and {} or redis.call('ZRANGE', K.dl, '0', '0', 'WITHSCORES'),
                         [K.nodes] = redis.call('ZRANGE', K.nodes, '0', '1', 'WITHSCORES'),
                         [K.lv] = redis.call('ZRANGE', K.lv, '0', '1', 'WITHSCORES'),
                         [K.orph] = redis.call('ZRANGE', K.orph, '0', '0', 'WITHSCORES'),
@@ -2680,31 +2692,35 @@ do -- (its helpers local to this block: Lua allows the main chunk 200 locals)
         -- death is found by the renewals (renew.lua, sb:lives), whose claimer ticks its pools; one left within the
         -- horizon (its key renews it no more, or the page ran out) is due at its lv score. Settling counts every
         -- node.
+        -- The earlier of t and v (nil: none), v taken no earlier than u (unsettled work comes first). A
+        -- function of the block, not a closure made per call: next_due() runs two or three times a call.
+        local function earliest(t, u, v)
+                if v and u and v < u then v = u end
+                if v and (not t or v < t) then return v end
+                return t
+        end
+
         next_due = function(for_caller)
                 local u = M.unsettled_at
                 local t = u
-                local function consider(v)
-                        if v and u and v < u then v = u end
-                        if v and (not t or v < t) then t = v end
-                end
-                local h = heads()
-                consider(tonumber(h[K.dl][2]))
+                local h = heads() -- (its scores are numbers already)
+                t = earliest(t, u, h[K.dl][2])
                 -- Registrations: finite scores in nodes, covered ones (+inf there) by their lv scores.
-                for _, key in ipairs({ K.nodes, K.lv }) do
-                        local first = h[key]
-                        local v = tonumber(first[2])
-                        if for_caller and first[1] == NODE then v = tonumber(first[4]) end
-                        if for_caller and key == K.lv and bnow and v and v > now + math.floor(pool_ttl() / 2) then
-                                v = nil
-                        end
-                        if v ~= INF then consider(v) end
-                end
-                if M.recovery_until > 0 then consider(M.recovery_until) end
-                consider(DRAINS.next())
-                consider(tonumber(h[K.orph][2]))
-                consider(rests.next_end())
+                local first = h[K.nodes]
+                local v = first[2]
+                if for_caller and first[1] == NODE then v = first[4] end
+                if v ~= INF then t = earliest(t, u, v) end
+                first = h[K.lv]
+                v = first[2]
+                if for_caller and first[1] == NODE then v = first[4] end
+                if for_caller and bnow and v and v > now + math.floor(pool_ttl() / 2) then v = nil end
+                if v ~= INF then t = earliest(t, u, v) end
+                if M.recovery_until > 0 then t = earliest(t, u, M.recovery_until) end
+                t = earliest(t, u, DRAINS.next())
+                t = earliest(t, u, h[K.orph][2])
+                t = earliest(t, u, rests.next_end())
                 if M.congested == 0 and R.q and M.drained == 0 and not has_room_for_one() then
-                        consider(M.last_fast + R.q + 1)
+                        t = earliest(t, u, M.last_fast + R.q + 1)
                 end
                 return t
         end
@@ -2749,22 +2765,24 @@ end
 
 local reply, early
 do -- (its helpers local to this block: Lua allows the main chunk 200 locals)
+        -- An empty list of a reply's events or notices, or of its cache's rests, quarantines and drains, goes as
+        -- nil (false), as a cache left to the next reply does (README, "Replies"): Redis converts every table of a
+        -- reply through a placeholder of its own, about 2,000 instructions an empty one, where a nil costs
+        -- nothing (a batched pair's replies held six, issue 21; a cache three more).
+        local function listed(t)
+                if t[1] == nil then return false end
+                return t
+        end
+
         local function cache()
                 local nd = next_due(true)
                 local c = {
                         M.in_use, M.waiting, M.congested, idle_at(now), M.drained, nd and nd or -1, M.counter,
                         M.epoch or '', M.recovery_until, stream_last, R.limit or 0,
-                        M.recovery_until > 0 and M.recovery_why or '', rests.list(), LIFE.list(), DRAINS.list(),
+                        M.recovery_until > 0 and M.recovery_why or '', listed(rests.list()), listed(LIFE.list()),
+                        listed(DRAINS.list()),
                 }
                 return c
-        end
-
-        -- An empty list of a reply's events or notices goes as nil (false), as a cache left to the next reply does
-        -- (README, "Replies"): Redis converts every table of a reply through a placeholder of its own, about 2,000
-        -- instructions an empty one, where a nil costs nothing (a batched pair's replies held six, issue 21).
-        local function listed(t)
-                if t[1] == nil then return false end
-                return t
         end
 
         -- A batch's operation whose next one carries its state on (and is run: "ok" or "invalid") leaves the cache
@@ -2925,7 +2943,7 @@ function SETS.save()
                 RUN_ID = RUN_ID, SETTLE = SETTLE, M = M, R = R, lane_cache = lane_cache, events = events,
                 notices = notices, steps = steps, reaped_a_page = reaped_a_page, stream_last = stream_last,
                 now = now, raw_time = raw_time, clock_missing = clock_missing, bnow = bnow, bclock_id = bclock_id,
-                bskew = bskew, meta_dirty = meta_dirty, meta_stored = meta_stored, fp_delta = fp_delta,
+                bskew = bskew, meta_dirty = meta_dirty, fp_delta = fp_delta,
                 carry = carry, IDENTITY_TAKEOVER = IDENTITY_TAKEOVER, BATCH_NEXT = BATCH_NEXT,
         }
 end
@@ -2935,7 +2953,7 @@ function SETS.load(c)
         RUN_ID, SETTLE, M, R, lane_cache, events = c.RUN_ID, c.SETTLE, c.M, c.R, c.lane_cache, c.events
         notices, steps, reaped_a_page, stream_last = c.notices, c.steps, c.reaped_a_page, c.stream_last
         now, raw_time, clock_missing, bnow, bclock_id = c.now, c.raw_time, c.clock_missing, c.bnow, c.bclock_id
-        bskew, meta_dirty, meta_stored, fp_delta, carry = c.bskew, c.meta_dirty, c.meta_stored, c.fp_delta, c.carry
+        bskew, meta_dirty, fp_delta, carry = c.bskew, c.meta_dirty, c.fp_delta, c.carry
         IDENTITY_TAKEOVER, BATCH_NEXT = c.IDENTITY_TAKEOVER, c.BATCH_NEXT
 end
 
@@ -2969,7 +2987,7 @@ local function call_begin(keep)
                 for p in string.gmatch(prev, '[^,]+') do PREVIOUS[p] = true end
         end
         MANUAL_NOW, RUN_ID, SETTLE = ARGV[3], ARGV[4], ARGV[5] == '1'
-        M, R, lane_cache, meta_dirty, meta_stored, fp_delta = {}, {}, {}, {}, {}, {}
+        M, R, lane_cache, meta_dirty, fp_delta = {}, {}, {}, {}, {}
         carry, cache_owed = {}, false
 end
 

@@ -2190,11 +2190,11 @@ static void rests_clear(SharedPool *p) {
  * "#INDEX" below the limit, and its end on the pool clock (a decimal). An identity this node does not know
  * is left out (a reload not agreed yet; garbage, which the scripts end and report themselves); a list of
  * another shape is bad input, dropped (Status shows none rather than something made up). None without the
- * element. */
+ * element, or with nil (the scripts send an empty list so). */
 static void rests_apply(SharedPool *p, const RespValue *v, int64_t pool_now, usec_t now) {
         rests_clear(p);
         p->cache.rest_at = -1;
-        if (!v)
+        if (!v || v->type == RESP_NIL)
                 return;
         size_t n = v->type == RESP_ARRAY ? v->n / 2 : 0;
         if (v->type != RESP_ARRAY || v->n % 2 != 0 || n > SHARED_RESTS_MAX) {
@@ -2397,10 +2397,18 @@ static void life_adopt(SharedPool *p, PoolMemberLife *life, size_t n, PoolMember
 }
 
 /* The cache's [14]: { { member, since, job, exit status, node name, reason }… }, the quarantined members.
- * Absent (a reply of a brokerd's scripts from before): nothing changes. An entry that is not one (garbage
- * written by hand) is dropped and counted; a member not listed is not quarantined. */
+ * Absent (a reply of a brokerd's scripts from before): nothing changes; nil: none (the scripts send an empty
+ * list so). An entry that is not one (garbage written by hand) is dropped and counted; a member not listed is
+ * not quarantined. */
 static void life_apply(SharedPool *p, const RespValue *list, usec_t now) {
-        if (!list || list->type != RESP_ARRAY || !p->life)
+        if (!list || !p->life)
+                return;
+        if (list->type == RESP_NIL) {
+                for (size_t i = 0; i < p->n_life; i++)
+                        life_clear(p->life + i);
+                return;
+        }
+        if (list->type != RESP_ARRAY)
                 return;
         bool *seen = calloc(MAX(p->n_life, (size_t) 1), sizeof(bool));
         if (!seen)
@@ -2481,9 +2489,13 @@ static void drains_clear(SharedPool *p) {
 }
 
 /* The cache's [15]: { { "" (the pool) | member, since, who, reason, until (-1: none), node name }… }. Absent
- * (scripts from before): nothing changes. An entry that is not one, or names a drain listed before it (Redis
- * lists each once), is dropped and counted. */
+ * (scripts from before): nothing changes; nil: none (the scripts send an empty list so). An entry that is not
+ * one, or names a drain listed before it (Redis lists each once), is dropped and counted. */
 static void drains_apply(SharedPool *p, const RespValue *list, usec_t now) {
+        if (list && list->type == RESP_NIL) {
+                drains_clear(p);
+                return;
+        }
         if (!list || list->type != RESP_ARRAY)
                 return;
         size_t cap = strv_length(p->base.members) + 1;

@@ -60,6 +60,7 @@ static RespValue arr(size_t n, ...) {
 }
 
 #define EMPTY arr(0)
+#define NIL ((RespValue) { .type = RESP_NIL }) /* Lua's false: how the scripts send an empty list */
 
 static RespValue cache(int64_t in_use, int64_t waiting, int64_t congested, int64_t next_wakeup,
                        const char *stream_last) {
@@ -2566,6 +2567,22 @@ static void test_quarantines_from_replies_hostile_entries_dropped(void **state) 
         f->pool->ops->info(f->pool, S(3), &info);
         assert_false(info.life[1].quarantined);
         assert_null(info.life[1].job);
+        /* The list as the scripts send an empty one (nil): b, quarantined again, is restored the same way,
+         * and nothing is bad input. */
+        f->pool->ops->run(f->pool, S(4));
+        c = take(f, SHARED_SCRIPT_TICK);
+        done(f, c, reply("ok", S(4), tick_body("ok", EMPTY, 0, 0, 0, ""), EMPTY, cache14), S(4), S(4));
+        f->pool->ops->info(f->pool, S(4), &info);
+        assert_true(info.life[1].quarantined);
+        uint64_t bad = info.bad_input;
+        f->pool->ops->run(f->pool, S(5));
+        c = take(f, SHARED_SCRIPT_TICK);
+        RespValue nil = arr(15, num(0), num(0), num(0), num(0), num(0), num(-1), num(100), str("e1"), num(0), str(""),
+                            num(2), str(""), NIL, NIL, NIL);
+        done(f, c, reply("ok", S(5), tick_body("ok", EMPTY, 0, 0, 0, ""), EMPTY, nil), S(5), S(5));
+        f->pool->ops->info(f->pool, S(5), &info);
+        assert_false(info.life[1].quarantined);
+        assert_int_equal(info.bad_input, bad); /* nil is none, not a malformed list */
 }
 
 /* n members rig-0 … rig-{n-1}, each once, listed in an order that is not their names'. */
@@ -2812,6 +2829,17 @@ static void test_drains_from_replies_hostile_entries_dropped(void **state) {
                 }
         assert_int_equal(n, 3);
         assert_true(info.bad_input >= 4);
+        /* An empty list goes as nil: no drain left, and nil is no bad input. */
+        uint64_t bad = info.bad_input;
+        f->pool->ops->run(f->pool, S(3));
+        c = take(f, SHARED_SCRIPT_TICK);
+        RespValue none = arr(15, num(0), num(0), num(0), num(0), num(0), num(-1), num(100), str("e1"), num(0),
+                             str(""), num(2), str(""), NIL, NIL, NIL);
+        done(f, c, reply("ok", S(3), tick_body("ok", EMPTY, 0, 0, 0, ""), EMPTY, none), S(3), S(3));
+        f->pool->ops->info(f->pool, S(3), &info);
+        assert_int_equal(info.n_drains, 0);
+        assert_null(info.drains);
+        assert_int_equal(info.bad_input, bad);
 }
 
 /* A pool of 2,000 members: a reply's drains naming 1,000 of them, each a second time further on, and the pool
@@ -4351,6 +4379,14 @@ static void test_rests_in_the_cache_are_shown_and_bad_ones_counted(void **state)
         f->pool->ops->info(f->pool, S(3), &info);
         assert_int_equal(info.n_resting, 0);
         assert_null(info.resting);
+        /* An empty list as the scripts send it (nil): none, and no bad input. */
+        submit_answered_with(f, &cookie[6], S(3), cache_rests(arr(2, str("#1"), str("5000000"))));
+        f->pool->ops->info(f->pool, S(3), &info);
+        assert_int_equal(info.n_resting, 1);
+        submit_answered_with(f, &cookie[7], S(4), cache_rests(NIL));
+        f->pool->ops->info(f->pool, S(4), &info);
+        assert_int_equal(info.n_resting, 0);
+        assert_int_equal(bad_inputs(f), ELEMENTSOF(ends) + 2);
 }
 
 /* ------------------------------------------------------------------- all-or-nothing sets (set.lua) */
