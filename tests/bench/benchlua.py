@@ -3,11 +3,14 @@
 private redis-server), tools/embed-lua-library.py (the library as brokerd builds it), where the scripts are,
 and a library made of them.
 
-    from benchlua import LUA, embed, library, redisd
+    from benchlua import LUA, embed, library, private_redis, redisd
 """
+import contextlib
 import importlib.util
 import os
+import shutil
 import sys
+import tempfile
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.join(HERE, "..", "integration"))
@@ -28,3 +31,16 @@ def library(ops, label, where=LUA):
             return f.read()
     text, digest = embed.library(read("prelude"), [(op, read(op)) for op in ops], label)
     return text.decode(), digest
+
+
+@contextlib.contextmanager
+def private_redis(prefix):
+    """A client of a redis-server of its own (loopback, a private port), stopped by pid and its directory
+    removed on the way out."""
+    tmp = tempfile.mkdtemp(prefix=prefix)
+    server = redisd.RedisServer(tmp, port=0, unix=False).start()
+    try:
+        yield server.client()
+    finally:
+        server.stop()
+        shutil.rmtree(tmp, ignore_errors=True)
