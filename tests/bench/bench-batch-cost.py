@@ -240,9 +240,7 @@ def main():
         return 77
     if os.environ.get("BENCH_BATCH_COST_CALLGRIND") == "1":
         return callgrind_main(pairs, rounds, b, before)
-    tmp = tempfile.mkdtemp(prefix="bench-batch-cost-")
-    server = redisd.RedisServer(tmp, port=0, unix=False).start()
-    try:
+    with benchlua.private_redis("bench-batch-cost-") as server:
         r = server.client()
         text, digest = library(LUA)
         r.call("FUNCTION", "LOAD", "REPLACE", text)
@@ -276,9 +274,6 @@ def main():
             print(f"  {f.label} / lease semaphore: Redis CPU per pair "
                   f"{statistics.median(f.samples['cpu'][1:]) / sem:.1f}, commands' time per pair "
                   f"{statistics.median(f.samples['script'][1:]) / sem_usec:.1f}")
-    finally:
-        server.stop()
-        shutil.rmtree(tmp, ignore_errors=True)
     return 0
 
 

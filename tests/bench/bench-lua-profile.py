@@ -19,7 +19,6 @@ import os
 import shutil
 import subprocess
 import sys
-import tempfile
 
 sys.dont_write_bytecode = True
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
@@ -42,19 +41,14 @@ def main():
     if probe.returncode != 0:
         print("SKIP: lua-socket, lua-bitop or lua-messagepack is not installed")
         return 77
-    tmp = tempfile.mkdtemp(prefix="bench-lua-profile-")
-    server = redisd.RedisServer(tmp, port=0, unix=False).start()
-    try:
+    with benchlua.private_redis("bench-lua-profile-") as server:
         text, _ = benchlua.library(OPS, "bench-lua-profile.py")
-        lib = os.path.join(tmp, "library.lua")
+        lib = os.path.join(server.dir, "library.lua")
         with open(lib, "w") as f:
             f.write("\n" + text.split("\n", 1)[1])  # the "#!lua" line is Redis's, not Lua's: blank, lines kept
         load = os.getloadavg()
         print(f"load average {load[0]:.2f} {load[1]:.2f} (instruction samples do not depend on it)", flush=True)
         return subprocess.run(["lua5.1", DRIVER, str(server.port), lib, str(pairs), str(b), str(interval)]).returncode
-    finally:
-        server.stop()
-        shutil.rmtree(tmp, ignore_errors=True)
 
 
 if __name__ == "__main__":

@@ -117,7 +117,8 @@ def main():
     if redisd.REDIS_SERVER is None:
         print("SKIP: redis-server is not installed")
         return 77
-    with private_redis("bench-lua-units-") as r:
+    with private_redis("bench-lua-units-") as server:
+        r = server.client()
         keys = ["{u}:meta", "{u}:s", "{u}:z"]
         flat = [x for kv in META.items() for x in kv]
         r.call("HSET", keys[0], *flat)

@@ -21,14 +21,12 @@ Usage: bench-script-cost.py [N] [ROUNDS] [BEFORE]   (defaults: 3000 calls, 5 rou
 A benchmark, not a test: it fails only when something under it fails.
 """
 import os
-import shutil
 import statistics
 import sys
-import tempfile
 
 sys.dont_write_bytecode = True
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from benchlua import LUA, embed, redisd  # noqa: E402
+from benchlua import LUA, embed, private_redis, redisd  # noqa: E402
 
 KEY = "{sb:bench}"
 CANON = ("backend-node-ttl=30000000\nlane.ci.max-in-use=-1\nlane.ci.priority=0\nlane.ci.reserve=0\n"
@@ -126,9 +124,7 @@ def main():
     if redisd.REDIS_SERVER is None:
         print("SKIP: redis-server is not installed")
         return 77
-    tmp = tempfile.mkdtemp(prefix="bench-script-cost-")
-    server = redisd.RedisServer(tmp, port=0, unix=False).start()
-    try:
+    with private_redis("bench-script-cost-") as server:
         r = server.client()
         forms = [("FCALL", Form(r, "FCALL")), ("EVALSHA", Form(r, "EVALSHA"))]
         if before:
@@ -172,9 +168,6 @@ def main():
         print("  one Redis core caps: " + ", ".join(f"{name} {1e6 / (2 * costs[name]):,.0f} pairs/s"
                                                     for name, _ in forms))
         print(f"load average after: {os.getloadavg()[0]:.2f}")
-    finally:
-        server.close()
-        shutil.rmtree(tmp, ignore_errors=True)
     return 0
 
 

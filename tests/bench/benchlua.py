@@ -35,12 +35,14 @@ def library(ops, label, where=LUA):
 
 @contextlib.contextmanager
 def private_redis(prefix):
-    """A client of a redis-server of its own (loopback, a private port), stopped by pid and its directory
-    removed on the way out."""
+    """A redis-server of its own (loopback, a private port; its directory server.dir), stopped by pid and its
+    directories removed on the way out."""
     tmp = tempfile.mkdtemp(prefix=prefix)
-    server = redisd.RedisServer(tmp, port=0, unix=False).start()
     try:
-        yield server.client()
+        server = redisd.RedisServer(tmp, port=0, unix=False).start()
+        try:
+            yield server
+        finally:
+            server.close()
     finally:
-        server.stop()
         shutil.rmtree(tmp, ignore_errors=True)
