@@ -51,7 +51,7 @@ def library(where):
 
 
 def stats(r):
-    cpu, calls, usec, fcalls, fusec = 0.0, 0, 0, 0, 0
+    cpu, calls, fcalls, fusec = 0.0, 0, 0, 0
     for line in r.call("INFO", "all").splitlines():
         if line.startswith("used_cpu_sys:") or line.startswith("used_cpu_user:"):
             cpu += float(line.split(":")[1])
