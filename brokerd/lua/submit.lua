@@ -8,7 +8,11 @@
 --       [13] arrival (pool clock µs: what the wait and the fast-admission test count from; "-": now)
 --       [14] selector: the canon of its labels and member (selector.c:selector_canon(), SPEC §3.5); "" or
 --       absent: any slot
--- Decides: in this order — a known rid answers what it got before and changes nothing; version, clock
+--       [15] fresh: "1" when the node never sent this rid before (its 64 random bits: no record nor outcome
+--       can be this request's, so the idempotency lookups below are skipped); else, or absent: looked up
+--       [16] the rid's lease hash, fnv1a32(rid .. "l") in decimal (README, "Fingerprint"): what a grant
+--       keeps, as the node counts it; absent or not a 32-bit value: hashed here
+-- Decides: in this order — a known rid (not fresh) answers what it got before and changes nothing; version, clock
 --       mode, the node's registration and rules, a drained pool (unavailable "drained"), the lane and k,
 --       a selector that is not a canon or that fewer than k members of the stored rules satisfy (invalid);
 --       every earlier instant is settled (or "settling"); inside a recovery window a waiting
@@ -30,6 +34,7 @@ local RID, LANE, K_SLOTS = ARGV[6], ARGV[7], tonumber(ARGV[8])
 local MAY_WAIT, LANE_BUDGET_SET = ARGV[9] == '1', ARGV[10] == '1'
 local LANE_BUDGET, CLIENT_CAP = unwire(ARGV[11]), unwire(ARGV[12])
 local SELECTOR = ARGV[14] or ''
+local FRESH, LEASE_HASH = ARGV[15] == '1', hash_of(ARGV[16])
 
 local function submit()
         local early_reply = prelude_begin(false)
@@ -39,20 +44,25 @@ local function submit()
         -- Idempotency: the same rid again (a retry after a lost reply) gets what it got, nothing more.
         -- (A reference to a record that is gone or garbage (dropped by waiter_get(), lease_get()), or that is
         -- not this request's (dropped by ref_follow(), told), answers nothing: the pool is made anew by the
-        -- next call, and this one is decided as a new request.)
-        local ref = redis.call('HGET', K.rid, NODE .. ':' .. RID)
-        if ref then
-                local kind, rec = ref_follow(NODE, RID, ref)
-                if kind == 'w' and rec then
-                        local place, of = waiter_position(rec)
-                        return reply('ok', decision('queued', RID, now, {
-                                state = rec.state, idle = rec.idle, budget = rec.budget, position = place, queued = of,
-                        }))
+        -- next call, and this one is decided as a new request.) A fresh rid has nothing to find: two HGETs
+        -- and a key name fewer a submit. (Garbage someone filed under it in rid made the counts differ
+        -- before this call: "Integrity"; in oh, it is never read, and a refusal's record replaces it.)
+        if not FRESH then
+                local ref = redis.call('HGET', K.rid, NODE .. ':' .. RID)
+                if ref then
+                        local kind, rec = ref_follow(NODE, RID, ref)
+                        if kind == 'w' and rec then
+                                local place, of = waiter_position(rec)
+                                return reply('ok', decision('queued', RID, now, {
+                                        state = rec.state, idle = rec.idle, budget = rec.budget, position = place,
+                                        queued = of,
+                                }))
+                        end
+                        if kind == 'l' and rec then return reply('ok', lease_decision(rec)) end
                 end
-                if kind == 'l' and rec then return reply('ok', lease_decision(rec)) end
+                local done = outcome_get(NODE, RID)
+                if done then return reply('ok', done) end
         end
-        local done = outcome_get(NODE, RID)
-        if done then return reply('ok', done) end
 
         local refused = node_admitted_carried()
         if refused then return reply(refused) end
@@ -104,7 +114,7 @@ local function submit()
                 -- No outcome record: while the lease lasts, a retry finds it by its rid (above); it ends by
                 -- this node's release (which holds the reply's token), a withdrawal, a reap (the node's
                 -- records go with it) or an orphan's lapse (a rid the node forgot). README, "Outcome records".
-                d = lease_decision(grant(NODE, RID, LANE, K_SLOTS, arrival, now, nil, take, hjob))
+                d = lease_decision(grant(NODE, RID, LANE, K_SLOTS, arrival, now, nil, take, hjob, LEASE_HASH))
         elseif not MAY_WAIT then
                 -- Busy for want of slots that rest (pool-local.c): says so, and when enough of them wake.
                 local wake = rests.busy_at(LANE, K_SLOTS, SELECTOR)

@@ -25,6 +25,7 @@
 #define TOKEN_MAX (UINT64_C(1) << 53) /* exact in Lua's doubles and RESP (lua/README, "Conventions") */
 #define STREAM_ID_LEN_MAX 41
 #define DIFFERING_KEYS_MAX 64
+#define SUBMIT_ARG_FRESH 15    /* lua/submit.lua's ARGV[15] */
 
 /* The outbox: every call stays here from queueing until its answer, in send order. */
 typedef struct Call {
@@ -492,7 +493,7 @@ static int arg_format_fast(const char *fmt, va_list ap, char **ret, size_t *ret_
 static int call_add(Call *c, const char *fmt, ...) _printf_(2, 3);
 static int call_add(Call *c, const char *fmt, ...) {
         if (c->argc == c->allocated) {
-                size_t n = MAX(c->allocated * 2, (size_t) 16);
+                size_t n = MAX(c->allocated * 2, (size_t) 24); /* a submit has 17 */
                 char **a = realloc(c->argv, n * sizeof(char *));
                 if (!a)
                         return -ENOMEM;
@@ -726,6 +727,15 @@ static int call_set_run_id(Call *c, const char *run_id) {
         return call_set_arg(c, c->n_keys + 3, run_id ?: "");
 }
 
+/* A submit's ARGV[15] (lua/submit.lua), made as of its sending: "1" while its rid was never sent (64 random
+ * bits: Redis holds nothing under it, and skips a retry's two lookups), "0" once it may have run, and for a
+ * rid Redis may know (a resumed waiter's, or one sent again after Redis said it lost it). */
+static int call_set_fresh(Call *c) {
+        if (c->script != SHARED_SCRIPT_SUBMIT)
+                return 0;
+        return call_set_arg(c, SUBMIT_ARG_FRESH, !c->ever_sent && !c->resumed && !c->again ? "1" : "0");
+}
+
 static bool wait_is_out(SharedPool *p) {
         list_foreach(n, &p->outbox) {
                 const Call *c = container_of(n, Call, node);
@@ -805,7 +815,7 @@ static Call *batch_make(SharedPool *p, Call *first, usec_t now) {
                         continue;
                 }
                 if (!call_batchable(c) || call_set_run_id(c, p->run_id) < 0 ||
-                    call_set_reclaimed(c, p) < 0 || !call_same_head(first, c))
+                    call_set_reclaimed(c, p) < 0 || call_set_fresh(c) < 0 || !call_same_head(first, c))
                         break;
                 size_t more = call_batch_bytes(c);
                 if (bytes + more > SHARED_BATCH_BYTES_MAX)
@@ -988,7 +998,7 @@ bool pool_shared_take_call(Pool *base, usec_t now, const SharedCall **ret) {
         Call *c = outbox_next(p);
         if (!c || call_waits_for_company(p, c, now))
                 return false;
-        if (!c->wait && (call_set_run_id(c, p->run_id) < 0 || call_set_reclaimed(c, p) < 0))
+        if (!c->wait && (call_set_run_id(c, p->run_id) < 0 || call_set_reclaimed(c, p) < 0 || call_set_fresh(c) < 0))
                 return false; /* out of memory: tried again at the next wake-up */
         c->sent = c->ever_sent = true;
         c->sent_at = now;
@@ -3846,7 +3856,9 @@ static int submit_call_new(SharedPool *p, const PoolWaiter *w, usec_t now, Call 
             (r = call_add(c, "%" PRId64, shared_wire_usec(w->lane_budget))) < 0 ||
             (r = call_add(c, "%" PRId64, shared_wire_usec(w->client_cap))) < 0 ||
             (r = call_add(c, "%s", arrival)) < 0 ||
-            (w->selector && (r = call_add(c, "%s", w->selector)) < 0)) {
+            (r = call_add(c, "%s", w->selector ?: "")) < 0 ||
+            (r = call_add(c, "1")) < 0 || /* fresh: call_set_fresh() */
+            (r = call_add(c, "%" PRIu32, fnv1a32(w->rid, 'l'))) < 0) {
                 call_free(c);
                 return r;
         }

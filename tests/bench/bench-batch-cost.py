@@ -108,7 +108,7 @@ class Form:
             for _ in range(b):
                 self.seq += 1
                 rids.append("%016x" % self.seq)
-            replies = self.send([("submit", (rid, "ci", 1, 1, 0, -1, -1, "-")) for rid in rids])
+            replies = self.send([("submit", benchlua.submit_args(rid)) for rid in rids])
             tokens = []
             for rid, reply in zip(rids, replies):
                 assert reply[0] == "ok" and reply[2][0] == "granted", (self.label, reply[:3])

@@ -112,6 +112,15 @@ local function batch(ops)
         end
         return fcall('batch', flat)
 end
+-- A submit's ARGV[16] as brokerd sends it: FNV-1a 32 of rid then "l" (brokerd/lua/README, "Fingerprint").
+local function lease_hash(rid)
+        local h = 2166136261
+        for _, c in ipairs({ string.byte(rid .. 'l', 1, -1) }) do
+                h = bit.bxor(h, c) % 4294967296
+                h = (h * 403 + bit.lshift(h, 24)) % 4294967296 -- × 16777619 mod 2^32, exact in doubles
+        end
+        return string.format('%d', h)
+end
 local seq = 0
 local function run_pairs(n)
         for _ = 1, n / B do
@@ -119,7 +128,7 @@ local function run_pairs(n)
                 for i = 1, B do
                         seq = seq + 1
                         rids[i] = string.format('%016x', seq)
-                        ops[i] = { 'submit', { rids[i], 'ci', 1, 1, 0, -1, -1, '-' } }
+                        ops[i] = { 'submit', { rids[i], 'ci', 1, 1, 0, -1, -1, '-', '', '1', lease_hash(rids[i]) } }
                 end
                 local replies = batch(ops)
                 local rel = {}

@@ -26,7 +26,7 @@ import sys
 
 sys.dont_write_bytecode = True
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from benchlua import LUA, embed, private_redis, redisd  # noqa: E402
+from benchlua import LUA, embed, private_redis, redisd, submit_args  # noqa: E402
 
 KEY = "{sb:bench}"
 CANON = ("backend-node-ttl=30000000\nlane.ci.max-in-use=-1\nlane.ci.priority=0\nlane.ci.reserve=0\n"
@@ -98,7 +98,7 @@ class Form:
         for _ in range(n):
             seq += 1
             rid = "%016x" % seq
-            reply = self.r.call(self.kind, submit, 1, KEY, *HEAD, rid, "ci", 1, 1, 0, -1, -1, "-")
+            reply = self.r.call(self.kind, submit, 1, KEY, *HEAD, *submit_args(rid))
             if reply[0] != "ok" or reply[2][0] != "granted":
                 raise AssertionError(f"{self.kind} submit: {reply[:3]}")
             reply = self.r.call(self.kind, release, 1, KEY, *HEAD, reply[2][11], rid)

@@ -23,6 +23,20 @@ embed = importlib.util.module_from_spec(_spec)
 _spec.loader.exec_module(embed)
 
 
+def lease_hash(rid):
+    """A submit's ARGV[16] as brokerd sends it: FNV-1a 32 of rid then "l" (brokerd/lua/README, "Fingerprint")."""
+    h = 2166136261
+    for c in rid.encode() + b"l":
+        h = ((h ^ c) * 16777619) & 0xFFFFFFFF
+    return h
+
+
+def submit_args(rid):
+    """An immediate submit's ARGV[6…] as brokerd sends a new request's: lane ci, 1 slot, may wait, no budget, no
+    cap, arrival now, any slot, fresh, its lease hash."""
+    return (rid, "ci", 1, 1, 0, -1, -1, "-", "", "1", lease_hash(rid))
+
+
 def library(ops, label, where=LUA):
     """The Redis Functions library of where's prelude.lua and the operations ops (names, in order), as
     brokerd embeds it: (text, digest)."""

@@ -255,6 +255,16 @@ static const char *arg(const SharedCall *c, size_t i) {
         return c->argv[i];
 }
 
+/* A submit's ARGV[16]: FNV-1a 32 of rid then "l" (lua/README, "Fingerprint"), in decimal, made here apart. */
+static const char *lease_hash(const char *rid) {
+        static char s[16];
+        uint32_t h = 2166136261u;
+        for (const char *c = rid; *c; c++)
+                h = (h ^ (uint8_t) *c) * 16777619u;
+        snprintf(s, sizeof s, "%" PRIu32, (h ^ (uint8_t) 'l') * 16777619u);
+        return s;
+}
+
 /* The next call the pool sends, which must be of `script`. */
 static const SharedCall *take(Fixture *f, SharedScript script) {
         const SharedCall *c = NULL;
@@ -380,6 +390,7 @@ static void test_resumed_waiter_keeps_its_rid_and_is_listed_by_the_first_reconci
         done(f, c, reply("ok", S(6), tick_body("ok", EMPTY, 2, 0, 0, ""), EMPTY, cache(1, 2, 0, -1, "")), S(6), S(6));
         c = take(f, SHARED_SCRIPT_SUBMIT);
         assert_string_equal(arg(c, 6), OLD_RID);
+        assert_string_equal(arg(c, 15), "0"); /* Redis may know the rid: looked up (lua/submit.lua) */
         /* Redis still has it queued: its place now. */
         done(f, c, reply("ok", S(6), decision("queued", OLD_RID, S(6), 0, "", 0, 0, EMPTY), EMPTY,
                          cache(1, 2, 0, -1, "")), S(6), S(6));
@@ -520,6 +531,7 @@ static void test_resumed_waiter_with_a_bogus_rid_gets_a_new_one(void **state) {
                 c = take(f, SHARED_SCRIPT_SUBMIT);
                 assert_string_not_equal(arg(c, 6), OLD_RID);
                 assert_int_equal(strlen(arg(c, 6)), 16);
+                assert_string_equal(arg(c, 15), "1"); /* a new rid: nothing to look up */
         }
         no_call(f);
 }
@@ -733,15 +745,18 @@ static void test_submit_granted_at_once(void **state) {
         assert_int_equal(submit(f, &cookie, 1, false, S(1)), 0);
         assert_int_equal(f->n_seen, 0);
         const SharedCall *c = take(f, SHARED_SCRIPT_SUBMIT);
-        assert_int_equal(c->argc, 14);
+        assert_int_equal(c->argc, 17);
         assert_string_equal(arg(c, 7), "ci");
         assert_string_equal(arg(c, 8), "1");
         assert_string_equal(arg(c, 9), "0");
         assert_string_equal(arg(c, 11), "-1");
         assert_string_equal(arg(c, 12), "-1");
+        assert_string_equal(arg(c, 14), ""); /* any slot */
+        assert_string_equal(arg(c, 15), "1"); /* its first sending */
         char rid[17];
         snprintf(rid, sizeof rid, "%s", arg(c, 6));
         assert_int_equal(strlen(rid), 16);
+        assert_string_equal(arg(c, 16), lease_hash(rid));
         done(f, c, reply("ok", 9000000, decision("granted", rid, 9000000, 0, "", 0, 1700000000000000, arr(1, num(1))),
                          EMPTY, cache(1, 0, 0, -1, "")), S(1), S(1));
         assert_int_equal(f->n_seen, 1);
@@ -2228,6 +2243,7 @@ static void test_positions_gone_after_redis_lost_its_data_submits_again(void **s
                 assert_string_equal(arg(sub, 9), "1");
                 /* Its arrival, not now: its wait counts from when it came. */
                 assert_string_equal(arg(sub, 13), arrival);
+                assert_string_equal(arg(sub, 15), "0"); /* "gone" is Redis's word: looked up */
                 done(f, sub, reply("ok", (int64_t) S(4), decision("queued", rid, (int64_t) S(4), 0, "", 0, 0, EMPTY),
                                    EMPTY, cache_lost(epoch)), S(4), S(4));
                 assert_int_equal(f->n_seen, 1); /* QUEUED once */
@@ -2941,11 +2957,12 @@ static void test_canon_carries_labels_and_submit_its_selector(void **state) {
         };
         assert_int_equal(f->pool->ops->submit(f->pool, &t, S(2)), 0);
         c = take(f, SHARED_SCRIPT_SUBMIT);
-        assert_int_equal(c->argc, 15);
+        assert_int_equal(c->argc, 17);
         assert_string_equal(arg(c, 14), "!flaky usb3 @a");
         assert_int_equal(submit(f, &plain, 1, true, S(2)), 0);
         c = take(f, SHARED_SCRIPT_SUBMIT);
-        assert_int_equal(c->argc, 14);
+        assert_int_equal(c->argc, 17);
+        assert_string_equal(arg(c, 14), "");
 }
 
 static void test_manual_clock_passes_now_and_leaves_the_instant_to_run(void **state) {
@@ -4009,21 +4026,32 @@ static void submit_n(Fixture *f, int *cookies, size_t n, usec_t now) {
                 assert_int_equal(submit(f, &cookies[i], 1, true, now), 0);
 }
 
-/* The batch the pool sends now, of n operations; each one's rid (ARGV[6] of a submit) in rids[]. */
-static const SharedCall *take_batch(Fixture *f, size_t n, char rids[][17]) {
+/* The batch the pool sends now, of n operations; each one's rid (ARGV[6] of a submit) in rids[]; fresh (or
+ * NULL): each submit's ARGV[15] in turn, "1" or "0" (call_set_fresh()). */
+static const SharedCall *take_batch_fresh(Fixture *f, size_t n, char rids[][17], const char *fresh) {
         const SharedCall *c = take(f, SHARED_SCRIPT_BATCH);
         assert_string_equal(arg(c, 6), (char[16]) { (char) ('0' + n) });
         size_t i = 7;
         for (size_t j = 0; j < n; j++) {
                 size_t m = strtoul(arg(c, i + 1), NULL, 10);
-                if (rids && streq(arg(c, i), "submit")) {
-                        assert_int_equal(m, 8);
-                        snprintf(rids[j], 17, "%s", arg(c, i + 2));
+                if (streq(arg(c, i), "submit")) {
+                        assert_int_equal(m, 11);
+                        if (rids)
+                                snprintf(rids[j], 17, "%s", arg(c, i + 2));
+                        if (fresh) {
+                                assert_true(*fresh);
+                                assert_string_equal(arg(c, i + 2 + 9), (char[2]) { *fresh++ });
+                        }
                 }
                 i += 2 + m;
         }
         assert_int_equal(i, c->argc);
+        assert_true(!fresh || !*fresh);
         return c;
+}
+
+static const SharedCall *take_batch(Fixture *f, size_t n, char rids[][17]) {
+        return take_batch_fresh(f, n, rids, NULL);
 }
 
 static RespValue granted_reply(const char *rid, int64_t now, int64_t token, int64_t slot) {
@@ -4212,7 +4240,7 @@ static void test_one_call_out_ignores_a_call_out_too_long(void **state) {
 static const SharedCall *batch_of_three(Fixture *f, int cookies[static 3], char rids[3][17]) {
         bring_up(f, S(1));
         submit_n(f, cookies, 3, S(2));
-        return take_batch(f, 3, rids);
+        return take_batch_fresh(f, 3, rids, "111");
 }
 
 /* "settling" of one operation stops the batch there (batch.lua runs nothing after it): that one and the
@@ -4227,7 +4255,9 @@ static void test_batch_settling_in_the_middle_sends_the_rest_again(void **state)
         assert_int_equal(f->n_seen, 1);
         assert_ptr_equal(f->seen[0].cookie, &cookies[0]);
         assert_int_equal(bad_inputs(f), 0);
-        c = take_batch(f, 2, again);
+        /* The one answered "settling" ran (it may have, for all brokerd knows): not fresh; the one after it
+         * never ran: fresh still. */
+        c = take_batch_fresh(f, 2, again, "01");
         assert_string_equal(again[0], rids[1]);
         assert_string_equal(again[1], rids[2]);
         done(f, c, arr(2, granted_reply(rids[1], S(2), 8, 1), queued_reply(rids[2], S(2))), S(2), S(2));
@@ -4271,7 +4301,7 @@ static void test_batch_lost_with_the_link_is_sent_again_whole(void **state) {
         pool_shared_link_up(f->pool, "run1", S(4));
         pool_shared_call_done(f->pool, lost, -ECONNRESET, NULL, S(2), S(4)); /* the old link's, late */
         tick_ok(f, S(4), S(4));
-        c = take_batch(f, 3, again);
+        c = take_batch_fresh(f, 3, again, "000"); /* they may have run: looked up */
         for (size_t i = 0; i < 3; i++)
                 assert_string_equal(again[i], rids[i]);
         /* The old connection's answer, if it came now, is of nothing sent: dropped. */
@@ -4285,9 +4315,9 @@ static void test_batch_lost_with_the_link_is_sent_again_whole(void **state) {
         int more[2];
         char r2[2][17], r3[2][17];
         submit_n(f, more, 2, S(5));
-        c = take_batch(f, 2, r2);
+        c = take_batch_fresh(f, 2, r2, "11");
         pool_shared_call_done(f->pool, c->id, -ETIMEDOUT, NULL, S(5), S(6));
-        c = take_batch(f, 2, r3);
+        c = take_batch_fresh(f, 2, r3, "00");
         assert_string_equal(r2[0], r3[0]);
         assert_string_equal(r2[1], r3[1]);
 }

@@ -301,6 +301,64 @@ static void test_same_rid_twice_is_one_request(void **state) {
         freeReplyObject(c2);
 }
 
+/* FNV-1a 32 of rid then kind (README, "Fingerprint"), made here apart. */
+static uint32_t fp_hash(const char *rid, char kind) {
+        uint32_t h = 2166136261u;
+        for (const char *c = rid; *c; c++)
+                h = (h ^ (uint8_t) *c) * 16777619u;
+        return (h ^ (uint8_t) kind) * 16777619u;
+}
+
+/* Node n1's fingerprint as Redis holds it: n, x, s. */
+static void node_fp(long long ret[3]) {
+        redisReply *m = redisCommand(redis, "HMGET " POOL ":node:n1 fp_n fp_x fp_s");
+        assert_int_equal(m->type, REDIS_REPLY_ARRAY);
+        for (size_t i = 0; i < 3; i++)
+                ret[i] = m->element[i]->str ? strtoll(m->element[i]->str, NULL, 10) : 0;
+        freeReplyObject(m);
+}
+
+static redisReply *submit_fresh(long long now, const char *rid, const char *fresh, const char *hash) {
+        redisReply *r = call("submit", "n1", now, 0, rid, "ci", "1", "0", "0", "-1", "-1", "-", "", fresh, hash, NULL);
+        assert_string_equal(status(r), "ok");
+        return r;
+}
+
+/* A submit's ARGV[16] is its lease's fingerprint hash as the node counts it, kept for the lease's end
+ * (anything but a 32-bit value is hashed by the script); ARGV[15] "1" (the node's first sending of the rid)
+ * is not looked up: a rid sent again is sent "0" (or without it) and gets what it got. */
+static void test_submit_fresh_and_its_lease_hash(void **state) {
+        tick_ok("n1", 1000, CANON_ONE_LANE "limit=2\n");
+        redisReply *a = submit_fresh(2000, "a", "1", "12345");
+        redisReply *b = submit_fresh(2000, "b", "1", "4294967296"); /* not 32 bits */
+        assert_string_equal(field_s(body(a), D_VERDICT), "granted");
+        assert_string_equal(field_s(body(b), D_VERDICT), "granted");
+        long long fp[3];
+        node_fp(fp);
+        uint32_t hb = fp_hash("b", 'l');
+        assert_int_equal(fp[0], 2);
+        assert_int_equal(fp[1], 12345 ^ hb);
+        assert_int_equal(fp[2], (uint32_t) (12345 + hb));
+        /* a's end takes away the hash its grant kept. */
+        freeReplyObject(release_at(3000, field_i(body(a), D_TOKEN), "a"));
+        node_fp(fp);
+        assert_int_equal(fp[0], 1);
+        assert_int_equal(fp[1], hb);
+        assert_int_equal(fp[2], hb);
+        /* b again as a retry: its grant. */
+        redisReply *b2 = submit_fresh(3000, "b", "0", "");
+        assert_string_equal(field_s(body(b2), D_VERDICT), "granted");
+        assert_int_equal(field_i(body(b2), D_TOKEN), field_i(body(b), D_TOKEN));
+        freeReplyObject(b2);
+        /* b again as fresh, which a node never sends: decided as a new request (no lookup was made). */
+        redisReply *b3 = submit_fresh(3000, "b", "1", "");
+        assert_string_equal(field_s(body(b3), D_VERDICT), "granted");
+        assert_int_not_equal(field_i(body(b3), D_TOKEN), field_i(body(b), D_TOKEN));
+        freeReplyObject(b3);
+        freeReplyObject(a);
+        freeReplyObject(b);
+}
+
 #define CANON_TWO_LANES \
         "backend-node-ttl=30000000\nlane.hi.max-in-use=-1\nlane.hi.priority=10\nlane.hi.reserve=0\n" \
         "lane.lo.max-in-use=-1\nlane.lo.priority=0\nlane.lo.reserve=0\nlimit=2\n"
@@ -5960,6 +6018,7 @@ int main(int argc, char *argv[]) {
                 T(test_a_callers_own_deadline_is_not_its_wakeup),
                 T(test_an_idle_heartbeat_writes_the_clock_and_the_registration_only),
                 T(test_same_rid_twice_is_one_request),
+                T(test_submit_fresh_and_its_lease_hash),
                 T(test_priority_head_holds_back_smaller_waiters),
                 T(test_lane_limits_pass_over_and_reserve_holds_a_slot),
                 T(test_reserve_keeps_the_last_slot_from_another_lane),
