@@ -177,6 +177,10 @@ static void test_a_bad_decision_is_refused(void **state) {
         assert_int_equal(shared_decision_set(&e, "verdict", &STR("granted-and-then-some")), -EBADMSG);
         assert_int_equal(shared_decision_set(&e, "token", &INT(-1)), -EBADMSG);
         assert_int_equal(shared_decision_set(&e, "at", &STR("soon")), -EBADMSG);
+        /* A name not of the decision's is ignored, whatever its value (a field someone added to a stream entry). */
+        assert_int_equal(shared_decision_set(&e, "colour", &STR("blue")), 0);
+        assert_int_equal(shared_decision_set(&e, "colour", &INT(3)), 0);
+        assert_int_equal(shared_decision_set(&e, "Rid", &STR("x")), 0);
         /* A reason not of the pool's words is none; a refusal not of the known ones is not one. */
         assert_int_equal(shared_decision_set(&e, "reason", &STR("because")), 0);
         assert_null(e.reason);
