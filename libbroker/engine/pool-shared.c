@@ -49,9 +49,16 @@ typedef struct Call {
         unsigned n_keys;       /* KEYS: 1, or a set's pools (SHARED_SCRIPT_SET) */
         char **set_pools;      /* a set: its pools' names, KEYS' order, this pool first */
         usec_t sent_at;        /* monotonic: the round trip is measured from here */
+        /* The arguments' bytes, each NUL-terminated, in one allocation (args); argv points into it, argoff
+         * says where, so that argv is made again when args moves. Two allocations a call for its arguments,
+         * where one an argument (twice for a batched one: its own, the batch's copy) was a twentieth of a
+         * shared brokerd's CPU (issue 21). An argument made anew at sending (call_set_arg()) is appended:
+         * the old bytes stay until the call is freed, a few a sending. */
         char **argv;
-        size_t *argvlen;
+        size_t *argvlen, *argoff;
         size_t argc, allocated;
+        char *args;
+        size_t args_len, args_allocated;
         SharedCall view;
 } Call;
 
@@ -424,10 +431,10 @@ static Call *call_free(Call *c) {
                 return NULL;
         if (list_node_is_linked(&c->node))
                 list_unlink(&c->node);
-        for (size_t i = 0; i < c->argc; i++)
-                free(c->argv[i]);
+        free(c->args);
         free(c->argv);
         free(c->argvlen);
+        free(c->argoff);
         free(c->members);
         strv_free(c->set_pools);
         return mfree(c);
@@ -456,9 +463,9 @@ static void rid_format(char rid[static SHARED_RID_LEN + 1], uint64_t x) {
 }
 
 /* The formats that every call's arguments use, made without vasprintf() (a fifth of a shared pool's cost
- * per message in brokerd, issue 21: tests/bench/README.md). 1: made; 0: another format. */
-static int arg_format_fast(const char *fmt, va_list ap, char **ret, size_t *ret_len) {
-        char num[24];
+ * per message in brokerd, issue 21: tests/bench/README.md): *ret points to the text (the argument itself, or
+ * num). 1: made; 0: another format. */
+static int arg_format_fast(const char *fmt, va_list ap, char num[static 24], const char **ret, size_t *ret_len) {
         const char *s = NULL;
         size_t len;
         if (!strchr(fmt, '%'))
@@ -481,13 +488,28 @@ static int arg_format_fast(const char *fmt, va_list ap, char **ret, size_t *ret_
                 len = u64_format(num, i < 0 ? -(uint64_t) i : (uint64_t) i, i < 0);
         } else
                 return 0;
-        char *d = malloc(len + 1);
-        if (!d)
-                return -ENOMEM;
-        memcpy(d, s ?: num, len + 1);
-        *ret = d;
+        *ret = s ?: num;
         *ret_len = len;
         return 1;
+}
+
+/* len bytes of s, and a NUL, after c's other arguments' bytes (argv made again if they moved); where. */
+static int call_args_append(Call *c, const char *s, size_t len, size_t *ret_off) {
+        if (len >= c->args_allocated - c->args_len) {
+                size_t n = MAX(MAX(c->args_allocated * 2, (size_t) 256), c->args_len + len + 1);
+                char *a = realloc(c->args, n);
+                if (!a)
+                        return -ENOMEM;
+                c->args = a;
+                c->args_allocated = n;
+                for (size_t i = 0; i < c->argc; i++)
+                        c->argv[i] = a + c->argoff[i];
+        }
+        memcpy(c->args + c->args_len, s, len);
+        c->args[c->args_len + len] = '\0';
+        *ret_off = c->args_len;
+        c->args_len += len + 1;
+        return 0;
 }
 
 static int call_add(Call *c, const char *fmt, ...) _printf_(2, 3);
@@ -502,25 +524,34 @@ static int call_add(Call *c, const char *fmt, ...) {
                 if (!l)
                         return -ENOMEM;
                 c->argvlen = l;
+                size_t *o = realloc(c->argoff, n * sizeof(size_t));
+                if (!o)
+                        return -ENOMEM;
+                c->argoff = o;
                 c->allocated = n;
         }
         va_list ap;
         va_start(ap, fmt);
-        char *s = NULL;
+        char num[24];
+        const char *text = NULL;
         size_t len = 0;
-        int r = arg_format_fast(fmt, ap, &s, &len);
+        int r = arg_format_fast(fmt, ap, num, &text, &len);
         va_end(ap);
-        if (r < 0)
-                return r;
+        _cleanup_free_ char *made = NULL;
         if (r == 0) {
                 va_start(ap, fmt);
-                r = vasprintf(&s, fmt, ap);
+                r = vasprintf(&made, fmt, ap);
                 va_end(ap);
                 if (r < 0)
                         return -ENOMEM;
+                text = made;
                 len = (size_t) r;
         }
-        c->argv[c->argc] = s;
+        size_t off;
+        if ((r = call_args_append(c, text, len, &off)) < 0)
+                return r;
+        c->argoff[c->argc] = off;
+        c->argv[c->argc] = c->args + off;
         c->argvlen[c->argc++] = len;
         return 0;
 }
@@ -694,16 +725,18 @@ static bool reclaimed(const SharedPool *p) {
         return !p->reclaim_all && !has_provisional(p) && !p->records_unknown;
 }
 
-/* Argument i of a call, made as of its sending rather than its queueing. */
+/* Argument i of a call, made as of its sending rather than its queueing. value is none of c's own arguments
+ * (appending may move them). */
 static int call_set_arg(Call *c, size_t i, const char *value) {
         if (streq(c->argv[i], value))
                 return 0;
-        char *s = strdup(value);
-        if (!s)
-                return -ENOMEM;
-        free(c->argv[i]);
-        c->argv[i] = s;
-        c->argvlen[i] = strlen(s);
+        size_t len = strlen(value), off;
+        int r = call_args_append(c, value, len, &off);
+        if (r < 0)
+                return r;
+        c->argoff[i] = off;
+        c->argv[i] = c->args + off;
+        c->argvlen[i] = len;
         return 0;
 }
 
