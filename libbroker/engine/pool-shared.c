@@ -50,10 +50,11 @@ typedef struct Call {
         char **set_pools;      /* a set: its pools' names, KEYS' order, this pool first */
         usec_t sent_at;        /* monotonic: the round trip is measured from here */
         /* The arguments' bytes, each NUL-terminated, in one allocation (args); argv points into it, argoff
-         * says where, so that argv is made again when args moves. Two allocations a call for its arguments,
-         * where one an argument (twice for a batched one: its own, the batch's copy) was a twentieth of a
-         * shared brokerd's CPU (issue 21). An argument made anew at sending (call_set_arg()) is appended:
-         * the old bytes stay until the call is freed, a few a sending. */
+         * says where, so that argv is made again when args moves. A call's arguments take four allocations
+         * whatever their number (and their growth), where one an argument (twice for a batched one: its own,
+         * the batch's copy) was a twentieth of a shared brokerd's CPU (issue 21). An argument made anew at
+         * sending (call_set_arg(): a changed run id, a flag) is appended; the old bytes stay until the call
+         * is freed. */
         char **argv;
         size_t *argvlen, *argoff;
         size_t argc, allocated;
