@@ -301,12 +301,14 @@ static void test_same_rid_twice_is_one_request(void **state) {
         freeReplyObject(c2);
 }
 
-/* FNV-1a 32 of rid then kind (README, "Fingerprint"), made here apart. */
-static uint32_t fp_hash(const char *rid, char kind) {
+/* FNV-1a 32, as pool-shared.c will compute it. */
+static uint32_t fnv1a32(const char *s) {
         uint32_t h = 2166136261u;
-        for (const char *c = rid; *c; c++)
-                h = (h ^ (uint8_t) *c) * 16777619u;
-        return (h ^ (uint8_t) kind) * 16777619u;
+        for (; *s; s++) {
+                h ^= (unsigned char) *s;
+                h *= 16777619u;
+        }
+        return h;
 }
 
 /* Node n1's fingerprint as Redis holds it: n, x, s. */
@@ -335,7 +337,7 @@ static void test_submit_fresh_and_its_lease_hash(void **state) {
         assert_string_equal(field_s(body(b), D_VERDICT), "granted");
         long long fp[3];
         node_fp(fp);
-        uint32_t hb = fp_hash("b", 'l');
+        uint32_t hb = fnv1a32("bl");
         assert_int_equal(fp[0], 2);
         assert_int_equal(fp[1], 12345 ^ hb);
         assert_int_equal(fp[2], (uint32_t) (12345 + hb));
@@ -627,16 +629,6 @@ static void test_a_node_that_wants_any_rules_holds_no_adoption_back(void **state
         t = tick_as("n3", 5000, "*");
         assert_string_equal(status(t), "canon");
         freeReplyObject(t);
-}
-
-/* FNV-1a 32, as pool-shared.c will compute it. */
-static uint32_t fnv1a32(const char *s) {
-        uint32_t h = 2166136261u;
-        for (; *s; s++) {
-                h ^= (unsigned char) *s;
-                h *= 16777619u;
-        }
-        return h;
 }
 
 /* Lua 5.1 compiles no function with more than 200 locals alive at once, and the library's main chunk holds
