@@ -259,8 +259,9 @@ static int on_rotate(sd_event_source *es, uint64_t usec, void *userdata) {
 /* ---- confirmation rounds ----
  *
  * Every CONFIRM_INTERVAL every Sentinel of the list is asked where the primary is, each on its own link.
- * When the last answer (or timeout) is in: a majority of the configured list (not of those that answered)
- * naming the primary in use confirms it as of the round's start. A majority naming another node makes that
+ * A majority of the configured list (not of those that answered) naming the primary in use confirms it as of
+ * the round's start, as soon as its answers are in (the others cannot undo a majority). When the last answer
+ * (or timeout) is in, the round ends: a majority naming another node makes that
  * the primary (the first answer, or a failover the watch missed), but only once the primary in use has gone
  * unconfirmed for SENTINEL_CONFIRM_STALE: right after a failover the Sentinels that have not heard of it
  * yet still name the old primary, and a round must not take brokerd back to it (the watch's +switch-master
@@ -331,12 +332,41 @@ static void sentinel_follow_majority(Sentinel *s, size_t n) {
         }
 }
 
-static void sentinel_round_end(Sentinel *s) {
-        size_t n = MIN(s->endpoint.n_sentinels, (size_t) REDIS_ENDPOINT_SENTINELS_MAX), moved_to = 0;
-        const char *answers[REDIS_ENDPOINT_SENTINELS_MAX];
-
+/* The round's answers so far, NULL for a Sentinel that gave none (yet); returns their number. */
+static size_t sentinel_round_answers(const Sentinel *s, const char **answers) {
+        size_t n = MIN(s->endpoint.n_sentinels, (size_t) REDIS_ENDPOINT_SENTINELS_MAX);
         for (size_t i = 0; i < n; i++)
                 answers[i] = s->voters[i].host[0] ? s->voters[i].answer : NULL;
+        return n;
+}
+
+static void sentinel_confirm(Sentinel *s) {
+        s->confirmed = s->round_boot;
+        snprintf(s->confirmed_primary, sizeof s->confirmed_primary, "%s", s->primary);
+}
+
+/* A majority of the list naming the primary in use decides the round whatever the others answer: the
+ * confirmation (as of the round's start, as ever) goes to the owner now, not once the slowest Sentinel answered
+ * or its question timed out. A request that woke the resting rounds waited for that: a second behind one
+ * Sentinel that hangs with its connection up (bench-sentinel-wake.py), a fail-fast one too. The round still ends
+ * at its last answer (sentinel_round_end()), which decides the rest: a move, the Sentinel to ask, the next round. */
+static void sentinel_round_confirm_early(Sentinel *s) {
+        const char *answers[REDIS_ENDPOINT_SENTINELS_MAX];
+
+        if (sentinel_get_confirmed(s) == s->round_boot)
+                return; /* by an answer before this one */
+        size_t n = sentinel_round_answers(s, answers);
+        if (sentinel_round_verdict(answers, n, s->primary, false, NULL) != SENTINEL_VERDICT_CONFIRM)
+                return;
+        sentinel_confirm(s);
+        if (s->options.on_round)
+                s->options.on_round(s, sentinel_get_confirmed(s), s->round_boot, s->options.userdata);
+}
+
+static void sentinel_round_end(Sentinel *s) {
+        const char *answers[REDIS_ENDPOINT_SENTINELS_MAX];
+        size_t n = sentinel_round_answers(s, answers), moved_to = 0;
+
         bool stale = s->confirmed == 0 || s->round_boot >= usec_add(s->confirmed, SENTINEL_CONFIRM_STALE);
         switch (sentinel_round_verdict(answers, n, s->primary, stale, &moved_to)) {
         case SENTINEL_VERDICT_MOVE: {
@@ -345,8 +375,7 @@ static void sentinel_round_end(Sentinel *s) {
                 break;
         }
         case SENTINEL_VERDICT_CONFIRM:
-                s->confirmed = s->round_boot;
-                snprintf(s->confirmed_primary, sizeof s->confirmed_primary, "%s", s->primary);
+                sentinel_confirm(s);
                 break;
         default:
                 break;
@@ -382,6 +411,8 @@ static void on_vote(RedisLink *link, int error, const redisReply *reply, void *u
         }
         if (--s->round_pending == 0)
                 sentinel_round_end(s);
+        else
+                sentinel_round_confirm_early(s);
 }
 
 static int on_round(sd_event_source *es, uint64_t usec, void *userdata) {

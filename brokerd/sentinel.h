@@ -39,7 +39,8 @@ typedef struct Sentinel Sentinel;
 typedef void (*SentinelPrimaryFn)(Sentinel *s, const RedisEndpoint *primary, const char *previous, bool failover,
                                   void *userdata);
 
-/* A confirmation round that began at round_boot (CLOCK_BOOTTIME) ended; confirmed: sentinel_get_confirmed(). */
+/* A confirmation round that began at round_boot (CLOCK_BOOTTIME) ended, or confirmed the primary before its end
+ * (a majority of the Sentinels named it: called again at the end then); confirmed: sentinel_get_confirmed(). */
 typedef void (*SentinelRoundFn)(Sentinel *s, usec_t confirmed, usec_t round_boot, void *userdata);
 
 /* How old a confirmation may be for the owner to grant on the primary: three rounds, so that one slow or

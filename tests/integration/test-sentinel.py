@@ -30,7 +30,9 @@ brokerds whose pool grid (limit 4) has backend = redis-sentinel://S1,S2,S3/grid-
   Sentinel killed, the same to the next one it asks.
 - An idle brokerd asks the Sentinels nothing (its confirmation rounds rest while it holds nothing); a
   fail-fast request after its confirmation went stale is granted (held for the round it wakes, not refused
-  "unconfirmed"), nothing is journaled as lost, and the rounds rest again once its lease ends.
+  "unconfirmed"), nothing is journaled as lost, and the rounds rest again once its lease ends. With one
+  Sentinel of three hung (SIGSTOP, its connection up), such a request is granted on the two others' word,
+  before the hung one's question runs out.
 - Sentinels with requirepass: backend-sentinel-password-file= authenticates; a wrong one is refused, said
   in the journal, and the pool is unavailable (backend).
 - --check-config prints the sentinel URL and backend-sentinel-password-file=.
@@ -42,6 +44,7 @@ Usage: test-sentinel.py BROKERD SLOTCTL [unittest arguments, e.g. TestSentinelPa
 import os
 import random
 import shutil
+import signal
 import subprocess
 import sys
 import tempfile
@@ -491,6 +494,36 @@ class TestSentinelRest(SentinelsAndOneBrokerd):
         self.assertTrue(all(i is not None and i <= 1 for i in self.idle()), self.idle())
         held.close()
         wait_for(self.resting, timeout=20, interval=0.2, message="the rounds to rest again")
+
+
+    def test_a_hung_sentinel_holds_no_wake_round(self):
+        b = Broker(config(self.topo.url(), 0, "[lane now]\npools = grid\npolicy = fail-fast\n"), name="hung").start()
+        self.addCleanup(b.stop)
+        wait_for(lambda: (b.pool("grid").get("backend") or {}).get("up"), timeout=30, message="the pool served")
+        first = b.acquire("grid")
+        first.until_granted(timeout=TTL + 20)
+        first.close()
+        wait_for(self.resting, timeout=20, interval=0.2, message="the rounds to rest")
+        # The third Sentinel hangs with its connection up: the round the request wakes asks it, and its
+        # question runs out only after the 1 s command timeout, which ends its link (logged, at debug).
+        hung = self.topo.sentinels[2]
+        def ran_out():
+            return any(f"Sentinel 127.0.0.1:{hung.port}:" in line and "A command got no reply" in line
+                       for line in b.log().splitlines())
+        hung.proc.send_signal(signal.SIGSTOP)
+        self.addCleanup(lambda: hung.proc.poll() is None and hung.proc.send_signal(signal.SIGCONT))
+        held = b.acquire("now")
+        self.addCleanup(held.close)
+        self.assertTrue(held.granted, held.msg)
+        # Granted on the two others' word, before the hung one's question ran out: a majority decides the
+        # round (before, the request waited for the round's last answer, a second here).
+        self.assertFalse(ran_out(), "granted only once the hung Sentinel's question ran out")
+        wait_for(ran_out, timeout=10, message="the hung Sentinel's question to run out")
+        hung.proc.send_signal(signal.SIGCONT)
+        rested = b.log().count("the rounds rest.")
+        held.close()
+        wait_for(lambda: b.log().count("the rounds rest.") > rested, timeout=20, interval=0.2,
+                 message="the rounds to rest again once the lease ended")
 
 
 class TestSentinelPassword(unittest.TestCase):

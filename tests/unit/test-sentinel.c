@@ -60,11 +60,40 @@ static void test_a_majority_for_another_node_moves_only_a_stale_primary(void **s
         assert_int_equal(verdict(first, 3, NULL, true, &i), SENTINEL_VERDICT_MOVE);
 }
 
+/* What lets sentinel.c confirm before a round's last answer: once a majority of the list names the primary,
+ * no answer still out can change the verdict, whatever it is (none, the primary, another node) and however
+ * stale the primary. Every way of completing such a round, for lists of 1 to 5. */
+static void test_a_majority_confirms_whatever_the_answers_still_out(void **state) {
+        const char *values[] = { NULL, P, R, "127.0.0.1:6381" };
+        for (size_t n = 1; n <= 5; n++) {
+                size_t majority = n / 2 + 1;
+                for (size_t named = majority; named <= n; named++) {
+                        /* The first `named` answered the primary; the others, still out, complete in every way
+                         * (4^(n - named) rounds). */
+                        size_t ways = 1;
+                        for (size_t i = named; i < n; i++)
+                                ways *= 4;
+                        for (size_t w = 0; w < ways; w++) {
+                                const char *answers[5];
+                                size_t x = w;
+                                for (size_t i = 0; i < n; i++) {
+                                        answers[i] = i < named ? P : values[x % 4];
+                                        if (i >= named)
+                                                x /= 4;
+                                }
+                                assert_int_equal(verdict(answers, n, P, false, NULL), SENTINEL_VERDICT_CONFIRM);
+                                assert_int_equal(verdict(answers, n, P, true, NULL), SENTINEL_VERDICT_CONFIRM);
+                        }
+                }
+        }
+}
+
 int main(void) {
         const struct CMUnitTest tests[] = {
                 cmocka_unit_test(test_a_majority_naming_the_primary_confirms_it),
                 cmocka_unit_test(test_a_majority_is_of_the_list_not_of_the_answers),
                 cmocka_unit_test(test_a_majority_for_another_node_moves_only_a_stale_primary),
+                cmocka_unit_test(test_a_majority_confirms_whatever_the_answers_still_out),
         };
         return cmocka_run_group_tests(tests, NULL, NULL);
 }
