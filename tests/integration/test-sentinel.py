@@ -495,7 +495,6 @@ class TestSentinelRest(SentinelsAndOneBrokerd):
         held.close()
         wait_for(self.resting, timeout=20, interval=0.2, message="the rounds to rest again")
 
-
     def test_a_hung_sentinel_holds_no_wake_round(self):
         b = Broker(config(self.topo.url(), 0, "[lane now]\npools = grid\npolicy = fail-fast\n"), name="hung").start()
         self.addCleanup(b.stop)
@@ -507,6 +506,7 @@ class TestSentinelRest(SentinelsAndOneBrokerd):
         # The third Sentinel hangs with its connection up: the round the request wakes asks it, and its
         # question runs out only after the 1 s command timeout, which ends its link (logged, at debug).
         hung = self.topo.sentinels[2]
+
         def ran_out():
             return any(f"Sentinel 127.0.0.1:{hung.port}:" in line and "A command got no reply" in line
                        for line in b.log().splitlines())
