@@ -70,13 +70,15 @@ CUTS = [
      "        if redis.call('BITCOUNT', K.occ) ~= M.in_use then return 'slots' end\n",
      ""),
     ("the records counted",
-     "        if redis.call('HLEN', K.rid) ~= M.leases - redis.call('ZCARD', K.orph) + M.waiting + HEALTH.waiting() then\n"
+     "        if redis.call('HLEN', K.rid) ~= M.leases - redis.call('ZCARD', K.orph) + M.waiting + "
+     "HEALTH.waiting() then\n"
      "                return 'records'\n"
      "        end\n",
      ""),
     ("the node's records counted",
      "        if redis.call('ZSCORE', K.nodes, NODE) and\n"
-     "           redis.call('ZCARD', k_records(NODE)) ~= tonumber(redis.call('HGET', k_node(NODE), 'fp_n') or '0') then\n"
+     "           redis.call('ZCARD', k_records(NODE)) ~= "
+     "tonumber(redis.call('HGET', k_node(NODE), 'fp_n') or '0') then\n"
      "                return 'node records'\n"
      "        end\n",
      ""),
