@@ -1,7 +1,8 @@
 #!/usr/bin/env python3
 # SPDX-License-Identifier: MIT
 """bench-lean-bound.py — the most a leaner data model could save of a shared pool's pair in Redis: the library
-without three of a lease's structures, timed against the library as it is (tests/bench/README.md, "Stop 69").
+without three of a lease's structures, timed against the library as it is; and the floor under any library, the
+FCALL mechanism alone (tests/bench/README.md, "Stop 69").
 
 The copy drops, with the integrity checks that count them: the `occ` bitmap (a SETBIT at the grant and one at
 the release), `sid` (the slot's identity → token: an HSET, an HGET and an HDEL) and a granted lease's record
@@ -11,19 +12,56 @@ replacements in prelude.lua; one that no longer matches exactly once stops the b
 must then follow the library). Then bench-batch-cost.py's callgrind mode runs with the copy as BEFORE: the
 instructions Redis executes per pair, deterministic to a few per cent.
 
+The floor: a library function that takes the same batches (the head, B submits' or releases' arguments, the
+copy of each operation's arguments batch.lua makes) and answers decision-shaped replies (a grant's 14 fields
+and two tables, the cache once a batch) and decides nothing, on the same callgrind server: what the admission
+rules' Lua and its commands cost is the pair's count above it.
+
 Usage: bench-lean-bound.py [PAIRS] [ROUNDS] [B]   (defaults: 160, 2, 8; B pairs a batch, 1: calls alone)
 Needs redis-server and valgrind (callgrind); skipped (77) without them. ~2 minutes with the defaults.
 A benchmark, not a test: it fails only when something under it fails.
 """
+import importlib.util
 import os
 import shutil
+import statistics
 import subprocess
 import sys
 import tempfile
 
 sys.dont_write_bytecode = True
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, HERE)
+import benchlua  # noqa: E402
 from benchlua import LUA, redisd  # noqa: E402
+
+_spec = importlib.util.spec_from_file_location("bench_batch_cost", os.path.join(HERE, "bench-batch-cost.py"))
+batch_cost = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(batch_cost)
+
+# Decides nothing: the batch's arguments read and copied as batch.lua does, a reply of a decision's shape each.
+FLOOR = """#!lua name=slotbroker_floor
+local counter = 0
+local function batch(keys, argv)
+        local n, i, out = tonumber(argv[6]), 7, {}
+        for j = 1, n do
+                local op, m = argv[i], tonumber(argv[i + 1])
+                local a = {}
+                for x = 0, m - 1 do a[x + 1] = argv[i + 2 + x] end
+                i = i + 2 + m
+                counter = counter + 1
+                if op == 'submit' then
+                        out[j] = { 'ok', 1, { 'granted', a[1], 1, 0, '', '', 'none', 0, -1, 0, 0, counter, { 0 }, {} },
+                                   false, false, false }
+                else
+                        out[j] = { 'ok', 1, { 'released' }, false, false, false }
+                end
+        end
+        out[n][5] = { 0, 0, 0, 0, 0, -1, counter, 'e', 0, '', 64, '', false, false, false }
+        return out
+end
+redis.register_function('slotbroker_floor_batch', batch)
+"""
 
 # (what, the text in prelude.lua, what replaces it)
 CUTS = [
@@ -102,6 +140,38 @@ def lean_copy(where):
     return dest, None
 
 
+def floor(pairs, rounds, b):
+    """Ir a pair of FLOOR's batches, the median of the rounds, on a callgrind server of its own."""
+    tmp = tempfile.mkdtemp(prefix="bench-lean-bound-floor-")
+    server = batch_cost.CallgrindRedis(tmp, port=0, unix=False).start(timeout=120)
+    try:
+        r = server.client(timeout=60)
+        r.call("FUNCTION", "LOAD", "REPLACE", FLOOR)
+        seq = [0]
+
+        def run(n):
+            for _ in range(n // b):
+                rids, flat = [], []
+                for _ in range(b):
+                    seq[0] += 1
+                    rids.append("%016x" % seq[0])
+                    args = benchlua.submit_args(rids[-1])
+                    flat += ["submit", len(args), *args]
+                granted = r.call("FCALL", "slotbroker_floor_batch", 1, "{sb:floor}", *batch_cost.HEAD, b, *flat)
+                flat = []
+                for rid, reply in zip(rids, granted):
+                    args = (reply[2][11], rid, "", "")
+                    flat += ["release", len(args), *args]
+                r.call("FCALL", "slotbroker_floor_batch", 1, "{sb:floor}", *batch_cost.HEAD, b, *flat)
+
+        run(max(b, pairs // 4))
+        n = (pairs // b) * b
+        return statistics.median(server.instructions(lambda: run(pairs)) / n for _ in range(rounds))
+    finally:
+        server.stop(timeout=60)
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
 def main():
     pairs = sys.argv[1] if len(sys.argv) > 1 else "160"
     rounds = sys.argv[2] if len(sys.argv) > 2 else "2"
@@ -116,9 +186,14 @@ def main():
             return 1
         print(f"BEFORE below is the library without occ, sid and a granted lease's record ({len(CUTS)} cuts)",
               flush=True)
-        cost = os.path.join(os.path.dirname(os.path.abspath(__file__)), "bench-batch-cost.py")
+        cost = os.path.join(HERE, "bench-batch-cost.py")
         env = dict(os.environ, BENCH_BATCH_COST_CALLGRIND="1")
-        return subprocess.run([sys.executable, cost, pairs, rounds, b, lean], env=env).returncode
+        r = subprocess.run([sys.executable, cost, pairs, rounds, b, lean], env=env).returncode
+        if r != 0:
+            return r
+    ir = floor(int(pairs), int(rounds), int(b))
+    print(f"  the floor: the FCALL mechanism alone, batches of {b}, deciding nothing: {ir:,.0f} Ir/pair")
+    return 0
 
 
 if __name__ == "__main__":
