@@ -192,7 +192,9 @@ class CallgrindRedis(redisd.RedisServer):
         raise AssertionError(f"{dump}: no totals")
 
 
-def callgrind_main(pairs, rounds, b, before):
+def callgrind_main(pairs, rounds, b, before, more=()):
+    """more: functions that make further forms on the server's client (bench-lean-bound.py's floor), timed
+    with the others, before the semaphore."""
     if not shutil.which("valgrind") or not shutil.which("callgrind_control"):
         print("SKIP: valgrind (callgrind) is not installed")
         return 77
@@ -206,6 +208,7 @@ def callgrind_main(pairs, rounds, b, before):
             r.call("FUNCTION", "LOAD", "REPLACE", text)
             key = "{sb:cg%d}" % len(forms)
             forms.append(Form(r, f"{tag}batches of {b}", digest, key, True))
+        forms += [make(r) for make in more]
         forms.append(Semaphore(r))
         n = (pairs // b) * b
         samples = {f.label: [] for f in forms}

@@ -9,13 +9,13 @@ the release), `sid` (the slot's identity → token: an HSET, an HGET and an HDEL
 (HSET and HDEL of `rid`, ZADD and ZREM of `nr:NODE`). It keeps no promise (nothing says whose slot is whose, nor
 what a dead node held): it is a bound, not a design. The copy is made in a temporary directory by exact text
 replacements in prelude.lua; one that no longer matches exactly once stops the benchmark, naming it (the recipe
-must then follow the library). Then bench-batch-cost.py's callgrind mode runs with the copy as BEFORE: the
-instructions Redis executes per pair, deterministic to a few per cent.
+must then follow the library). Then bench-batch-cost.py's callgrind mode runs, in this process, with the copy
+as BEFORE: the instructions Redis executes per pair, deterministic to a few per cent.
 
 The floor: a library function that takes the same batches (the head, B submits' or releases' arguments, the
 copy of each operation's arguments batch.lua makes) and answers decision-shaped replies (a grant's 14 fields
-and two tables, the cache once a batch) and decides nothing, on the same callgrind server: what the admission
-rules' Lua and its commands cost is the pair's count above it.
+and two tables, the cache once a batch) and decides nothing, sent as the library's are (bench-batch-cost.py's
+Form) and timed with them: what the admission rules' Lua and its commands cost is the pair's count above it.
 
 Usage: bench-lean-bound.py [PAIRS] [ROUNDS] [B]   (defaults: 160, 2, 8; B pairs a batch, 1: calls alone)
 Needs redis-server and valgrind (callgrind); skipped (77) without them. ~2 minutes with the defaults.
@@ -24,15 +24,12 @@ A benchmark, not a test: it fails only when something under it fails.
 import importlib.util
 import os
 import shutil
-import statistics
-import subprocess
 import sys
 import tempfile
 
 sys.dont_write_bytecode = True
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
-import benchlua  # noqa: E402
 from benchlua import LUA, redisd  # noqa: E402
 
 _spec = importlib.util.spec_from_file_location("bench_batch_cost", os.path.join(HERE, "bench-batch-cost.py"))
@@ -60,8 +57,22 @@ local function batch(keys, argv)
         out[n][5] = { 0, 0, 0, 0, 0, -1, counter, 'e', 0, '', 64, '', false, false, false }
         return out
 end
-redis.register_function('slotbroker_floor_batch', batch)
+redis.register_function('sb_floor_batch', batch)
 """
+
+
+class Floor(batch_cost.Form):
+    """FLOOR's batches, sent as bench-batch-cost sends the library's (Form.send(), Form.pairs()): no pool to
+    register."""
+
+    def __init__(self, r, b):
+        r.call("FUNCTION", "LOAD", "REPLACE", FLOOR)
+        self.r, self.label, self.digest, self.key = r, f"floor, batches of {b}", "floor", "{sb:floor}"
+        self.batched, self.seq = True, 0
+
+    def register(self):
+        pass
+
 
 # (what, the text in prelude.lua, what replaces it)
 CUTS = [
@@ -140,42 +151,10 @@ def lean_copy(where):
     return dest, None
 
 
-def floor(pairs, rounds, b):
-    """Ir a pair of FLOOR's batches, the median of the rounds, on a callgrind server of its own."""
-    tmp = tempfile.mkdtemp(prefix="bench-lean-bound-floor-")
-    server = batch_cost.CallgrindRedis(tmp, port=0, unix=False).start(timeout=120)
-    try:
-        r = server.client(timeout=60)
-        r.call("FUNCTION", "LOAD", "REPLACE", FLOOR)
-        seq = [0]
-
-        def run(n):
-            for _ in range(n // b):
-                rids, flat = [], []
-                for _ in range(b):
-                    seq[0] += 1
-                    rids.append("%016x" % seq[0])
-                    args = benchlua.submit_args(rids[-1])
-                    flat += ["submit", len(args), *args]
-                granted = r.call("FCALL", "slotbroker_floor_batch", 1, "{sb:floor}", *batch_cost.HEAD, b, *flat)
-                flat = []
-                for rid, reply in zip(rids, granted):
-                    args = (reply[2][11], rid, "", "")
-                    flat += ["release", len(args), *args]
-                r.call("FCALL", "slotbroker_floor_batch", 1, "{sb:floor}", *batch_cost.HEAD, b, *flat)
-
-        run(max(b, pairs // 4))
-        n = (pairs // b) * b
-        return statistics.median(server.instructions(lambda: run(pairs)) / n for _ in range(rounds))
-    finally:
-        server.stop(timeout=60)
-        shutil.rmtree(tmp, ignore_errors=True)
-
-
 def main():
-    pairs = sys.argv[1] if len(sys.argv) > 1 else "160"
-    rounds = sys.argv[2] if len(sys.argv) > 2 else "2"
-    b = sys.argv[3] if len(sys.argv) > 3 else "8"
+    pairs = int(sys.argv[1]) if len(sys.argv) > 1 else 160
+    rounds = int(sys.argv[2]) if len(sys.argv) > 2 else 2
+    b = int(sys.argv[3]) if len(sys.argv) > 3 else 8
     if redisd.REDIS_SERVER is None or not shutil.which("valgrind") or not shutil.which("callgrind_control"):
         print("SKIP: redis-server or valgrind (callgrind) is not installed")
         return 77
@@ -186,14 +165,7 @@ def main():
             return 1
         print(f"BEFORE below is the library without occ, sid and a granted lease's record ({len(CUTS)} cuts)",
               flush=True)
-        cost = os.path.join(HERE, "bench-batch-cost.py")
-        env = dict(os.environ, BENCH_BATCH_COST_CALLGRIND="1")
-        r = subprocess.run([sys.executable, cost, pairs, rounds, b, lean], env=env).returncode
-        if r != 0:
-            return r
-    ir = floor(int(pairs), int(rounds), int(b))
-    print(f"  the floor: the FCALL mechanism alone, batches of {b}, deciding nothing: {ir:,.0f} Ir/pair")
-    return 0
+        return batch_cost.callgrind_main(pairs, rounds, b, lean, more=[lambda r: Floor(r, b)])
 
 
 if __name__ == "__main__":
