@@ -13,6 +13,7 @@ answers) and SIGCONT after the grant. Medians are printed for both kinds, altern
 Usage: bench-sentinel-wake.py BROKERD [SAMPLES]   (default 6 of each kind; ~1 minute a pair of samples)
 A benchmark, not a test: it fails only when something under it fails.
 """
+import importlib.util
 import os
 import shutil
 import signal
@@ -26,6 +27,11 @@ sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."
 import redisd  # noqa: E402
 from harness import Broker, wait_for  # noqa: E402
 from sentineld import Topology  # noqa: E402
+
+_spec = importlib.util.spec_from_file_location(
+    "bench_sentinel", os.path.join(os.path.dirname(os.path.abspath(__file__)), "bench-sentinel.py"))
+bench_sentinel = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(bench_sentinel)
 
 CONFIG = """\
 [broker]
@@ -75,15 +81,7 @@ def main():
     try:
         wait_for(lambda: (b.pool("grid").get("backend") or {}).get("up"), timeout=60, message="the pool served")
         # The pool's first grant, after its first-use window (a recovery window of one TTL), is not a wake.
-        deadline = time.monotonic() + 60
-        while True:
-            try:
-                sample(b)
-                break
-            except AssertionError:
-                if time.monotonic() > deadline:
-                    raise
-                time.sleep(0.1)
+        bench_sentinel.first_grant(b, time.monotonic() + 60)
         for i in range(2 * n):
             kind = "answering" if i % 2 == 0 else "one hung"
             wait_for(lambda: resting(b), timeout=30, interval=0.1, message="the rounds resting")
